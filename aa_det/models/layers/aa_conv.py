@@ -1,0 +1,220 @@
+"""Attention augmented convolution.
+
+Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, Sec. 3 and
+Fig. 2: ``AAConv(X) = Concat[Conv(X), MHA(X)]`` where the convolution keeps
+``out_channels - dv`` filters and the multi-head 2D self-attention (eq. (1)-(3))
+gives ``dv`` channels.
+
+Example:
+    >>> import torch
+    >>> conv = AAConv2d(64, 64, 3, key_ratio=0.25, value_ratio=0.25, num_heads=4,
+    ...                 min_key_dim_per_head=4)
+    >>> conv(torch.rand(2, 64, 9, 13)).shape
+    torch.Size([2, 64, 9, 13])
+    >>> AAConv2d(64, 64, 3, stride=2, num_heads=4)(torch.rand(1, 64, 9, 13)).shape
+    torch.Size([1, 64, 5, 7])
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+from torch import Tensor
+
+from .position_encoding import coord_channels, sine_encoding_2d
+from .relative_attention import init_relative_table, relative_attention, relative_logits_2d
+
+POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
+
+
+def round_to_heads(channels: float, num_heads: int) -> int:
+    """Round to the nearest positive multiple of ``num_heads``."""
+    return max(num_heads, int(round(channels / num_heads)) * num_heads)
+
+
+def aa_channels(out_channels: int, key_ratio: float, value_ratio: float, num_heads: int,
+                min_key_dim_per_head: int):
+    """Key depth ``dk`` and value depth ``dv`` of an AA conv (see docs/design.md).
+
+    ``dk = max(round(kappa * F_out), min_key_dim_per_head * Nh)`` and
+    ``dv = min(round(upsilon * F_out), F_out)``, rounded to multiples of ``Nh``.
+    This reading reproduces the AA paper's parameter counts (Tables 2, 5 and 9).
+    """
+    dk = max(round_to_heads(key_ratio * out_channels, num_heads), min_key_dim_per_head * num_heads)
+    dv = min(round_to_heads(value_ratio * out_channels, num_heads), out_channels)
+    return dk, dv
+
+
+@MODELS.register_module('AAConv')
+class AAConv2d(BaseModule):
+    """Attention augmented convolution (AA paper, Sec. 3.3, Fig. 2).
+
+    It has the signature of ``nn.Conv2d`` so that mmcv's ``build_conv_layer``
+    (and mmdet's ``Bottleneck`` through its ``dcn`` hook) can build it.
+
+    Args:
+        in_channels (int): ``F_in``.
+        out_channels (int): ``F_out`` of the convolution it replaces.
+        kernel_size (int): kernel of the convolutional part. Defaults to 3.
+        stride (int): 1 or 2. The convolution is strided; the attention input
+            is reduced by a 3x3 average pool with the same stride first, which
+            gives exactly the strided convolution's output size. Defaults to 1.
+        padding (int, optional): ignored beyond validation; 'same' padding
+            ``dilation * (kernel_size - 1) // 2`` is always used.
+        dilation (int): dilation of the convolutional part. Defaults to 1.
+        groups (int): must be 1.
+        bias (bool): bias of the convolutional part. Defaults to False.
+        key_ratio (float): ``kappa = dk / F_out``. Defaults to 0.2.
+        value_ratio (float): ``upsilon = dv / F_out``; 1.0 makes the layer fully
+            attentional. Defaults to 0.1.
+        num_heads (int): ``Nh``. Defaults to 8.
+        min_key_dim_per_head (int): lower bound on ``dkh`` (the paper's "minimum
+            of 20 dimensions per head for the keys"). Defaults to 20.
+        key_channels (int, optional): explicit ``dk``, overrides ``key_ratio``.
+        value_channels (int, optional): explicit ``dv``, overrides ``value_ratio``.
+        position (str): 'relative' (eq. (3)), 'none', 'sine' (2D sinusoids
+            added to the attention input) or 'coord' (CoordConv x, y, r
+            channels appended to it). Defaults to 'relative'.
+        max_rel_dist (int): relative tables cover offsets up to
+            ``max_rel_dist - 1``; larger offsets are clipped. Defaults to 64.
+        attn_downsample (bool): 3x3 average pool (stride 2) before the
+            attention and bilinear upsampling after it. Defaults to False.
+        impl (str): attention kernel, see :func:`relative_attention`.
+            Defaults to 'auto'.
+        init_cfg (dict, optional): mmengine init config. Defaults to None.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int = 3,
+                 stride: int = 1,
+                 padding: Optional[int] = None,
+                 dilation: int = 1,
+                 groups: int = 1,
+                 bias: bool = False,
+                 key_ratio: float = 0.2,
+                 value_ratio: float = 0.1,
+                 num_heads: int = 8,
+                 min_key_dim_per_head: int = 20,
+                 key_channels: Optional[int] = None,
+                 value_channels: Optional[int] = None,
+                 position: str = 'relative',
+                 max_rel_dist: int = 64,
+                 attn_downsample: bool = False,
+                 impl: str = 'auto',
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg)
+        if num_heads < 1:
+            raise ValueError(f'AAConv2d: num_heads must be >= 1, got {num_heads}')
+        dk, dv = aa_channels(out_channels, key_ratio, value_ratio, num_heads, min_key_dim_per_head)
+        dk = dk if key_channels is None else key_channels
+        dv = dv if value_channels is None else value_channels
+        for name, value in (('key_channels (dk)', dk), ('value_channels (dv)', dv)):
+            if value <= 0 or value % num_heads:
+                raise ValueError(f'AAConv2d: {name}={value} must be a positive multiple of '
+                                 f'num_heads={num_heads}')
+        if dv > out_channels:
+            raise ValueError(f'AAConv2d: value_channels (dv)={dv} exceeds out_channels={out_channels}')
+        if position not in POSITION_ENCODINGS:
+            raise ValueError(f'AAConv2d: position must be one of {POSITION_ENCODINGS}, got {position!r}')
+        if stride not in (1, 2):
+            raise ValueError(f'AAConv2d: stride must be 1 or 2, got {stride}')
+        if groups != 1:
+            raise ValueError(f'AAConv2d: groups must be 1, got {groups}')
+        if kernel_size % 2 != 1:
+            raise ValueError(f'AAConv2d: kernel_size must be odd, got {kernel_size}')
+        if max_rel_dist < 1:
+            raise ValueError(f'AAConv2d: max_rel_dist must be >= 1, got {max_rel_dist}')
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.stride, self.num_heads = stride, num_heads
+        self.key_channels, self.value_channels = dk, dv
+        self.head_dim = dk // num_heads
+        self.position, self.attn_downsample, self.impl = position, attn_downsample, impl
+
+        conv_channels = out_channels - dv
+        self.conv = nn.Conv2d(in_channels, conv_channels, kernel_size, stride,
+                              dilation * (kernel_size - 1) // 2, dilation,
+                              bias=bias) if conv_channels > 0 else None
+        attn_in = in_channels + 3 if position == 'coord' else in_channels
+        self.qkv = nn.Conv2d(attn_in, 2 * dk + dv, 1)  # one 1x1 conv for k, q, v (Fig. 2)
+        self.proj = nn.Conv2d(dv, dv, 1)  # W^O mixes the heads, eq. (2)
+        if position == 'relative':
+            self.rel_h = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
+            self.rel_w = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
+            self.reset_relative()
+
+    def reset_relative(self):
+        """Relative tables ~ N(0, dkh^-0.5), shared by the heads (Sec. 3.2)."""
+        init_relative_table(self.rel_h, self.head_dim)
+        init_relative_table(self.rel_w, self.head_dim)
+
+    def init_weights(self):
+        super().init_weights()
+        if self.position == 'relative':
+            self.reset_relative()
+
+    def _attention_input(self, x: Tensor) -> Tensor:
+        """Strided / downsampled input of the attention branch, with absolute
+        position encodings when selected."""
+        if self.stride > 1:
+            x = F.avg_pool2d(x, 3, self.stride, 1)
+        if self.attn_downsample:
+            x = F.avg_pool2d(x, 3, 2, 1)
+        if self.position == 'sine':
+            x = x + sine_encoding_2d(*x.shape[-2:], x.shape[1], x.device, x.dtype)
+        elif self.position == 'coord':
+            x = coord_channels(x)
+        return x
+
+    def qkv_heads(self, x: Tensor):
+        """Scaled queries, keys and values per head from the attention input.
+
+        Returns:
+            tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
+        """
+        B, _, h, w = x.shape
+        dk, dv, Nh = self.key_channels, self.value_channels, self.num_heads
+        k, q, v = self.qkv(x).split([dk, dk, dv], dim=1)  # [B, dk|dv, h, w]
+
+        def heads(t):
+            return t.reshape(B, Nh, -1, h * w).transpose(-1, -2)  # [B, Nh, hw, d]
+
+        return heads(q) * self.head_dim ** -0.5, heads(k), heads(v), (h, w)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
+        q, k, v, (h, w) = self.qkv_heads(self._attention_input(x))
+        tables = (self.rel_h, self.rel_w) if self.position == 'relative' else (None, None)
+        attn = relative_attention(q, k, v, *tables, h, w, impl=self.impl)  # [B, Nh, hw, dvh]
+        attn = attn.transpose(-1, -2).reshape(x.shape[0], self.value_channels, h, w)
+        attn = self.proj(attn)  # [B, dv, h, w]
+        if (h, w) != out_size:
+            attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
+        if self.conv is None:
+            return attn
+        return torch.cat([self.conv(x), attn], dim=1)  # [B, F_out, H / s, W / s]
+
+    def attention_weights(self, x: Tensor, queries: Tensor) -> Tensor:
+        """Attention maps of chosen query positions, for visualisation (AA Fig. 10).
+
+        Computed on a separate path; :meth:`forward` is unchanged by it.
+
+        Args:
+            x (Tensor): ``[B, F_in, H, W]`` input of this layer.
+            queries (Tensor): ``[P, 2]`` long (row, col) positions on the
+                attention grid (``x``'s size after stride / downsampling).
+
+        Returns:
+            Tensor: ``[B, Nh, P, h, w]`` softmax weights.
+        """
+        q, k, _, (h, w) = self.qkv_heads(self._attention_input(x))
+        idx = queries[:, 0] * w + queries[:, 1]
+        logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
+        if self.position == 'relative':
+            rel_h, rel_w = relative_logits_2d(q.reshape(*q.shape[:2], h, w, -1), self.rel_h, self.rel_w)
+            logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
+                      + rel_w[:, :, idx, None, :]).flatten(-2)
+        return logits.float().softmax(-1).view(*logits.shape[:3], h, w)

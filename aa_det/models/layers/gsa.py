@@ -1,0 +1,206 @@
+"""Global self-attention module.
+
+Shen et al., *Global Self-Attention Networks for Image Recognition* (ICLR 2021
+submission), Sec. 3 and appendix B. Output = content attention (eq. (1), appendix
+eq. (4)) + positional attention (column-only attention with relative embeddings as
+keys, eq. (2) and (5)-(7), then batch norm, then row-only attention on its output).
+
+Example:
+    >>> import torch
+    >>> gsa = GlobalSelfAttention2d(64, 64)
+    >>> gsa(torch.rand(2, 64, 9, 13)).shape
+    torch.Size([2, 64, 9, 13])
+    >>> GlobalSelfAttention2d(64, 64, stride=2)(torch.rand(2, 64, 9, 13)).shape
+    torch.Size([2, 64, 5, 7])
+"""
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+from mmengine.model import BaseModule
+from mmengine.registry import MODELS
+from torch import Tensor
+
+from .relative_attention import init_relative_table, relative_index
+
+GSA_COMPONENTS = ('content', 'column', 'row')
+
+
+def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
+
+    Args:
+        q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
+
+    Returns:
+        Tensor: ``[B, Nh, dvh, H, W]``.
+    """
+    k = k.flatten(-2).softmax(dim=-1)  # [B, Nh, dkh, HW], softmax over positions
+    context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2))  # [B, Nh, dkh, dvh]
+    return torch.einsum('bnkxy,bnkv->bnvxy', q, context)
+
+
+def column_attention(q: Tensor, v: Tensor, table: Tensor) -> Tensor:
+    """Column-only positional attention, GSA appendix eq. (5)-(7).
+
+    ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq. (2)).
+
+    Args:
+        q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
+        table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
+
+    Returns:
+        Tensor: ``[B, Nh, dvh, H, W]``.
+    """
+    emb = table[relative_index(q.shape[-2], (table.shape[0] + 1) // 2, q.device)]  # [x, i, dkh]
+    logits = torch.einsum('bnkxy,xik->bnixy', q, emb)  # [B, Nh, H(i), H(x), W]
+    return torch.einsum('bnixy,bnviy->bnvxy', logits, v)
+
+
+def row_attention(q: Tensor, v: Tensor, table: Tensor) -> Tensor:
+    """Row-only positional attention: :func:`column_attention` on transposed maps."""
+    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table).transpose(-1, -2)
+
+
+def gsa_reference(q: Tensor, k: Tensor, v: Tensor, table_col: Tensor, table_row: Tensor,
+                  norm=None) -> Tensor:
+    """Content + column->norm->row attention with explicit loops over pixels.
+
+    Slow and written straight from the GSA paper's equations; tests only.
+    """
+    B, Nh, dk, H, W = q.shape
+    mc, mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
+
+    def clip(off, m):
+        return max(-(m - 1), min(m - 1, off)) + m - 1
+
+    ksoft = k.reshape(B, Nh, dk, H * W).softmax(-1).reshape(k.shape)
+    content = torch.zeros(v.shape, dtype=v.dtype)
+    col = torch.zeros(v.shape, dtype=v.dtype)
+    for x in range(H):
+        for y in range(W):
+            for i in range(H):
+                for j in range(W):
+                    w = (q[:, :, :, x, y] * ksoft[:, :, :, i, j]).sum(2, keepdim=True)  # [B, Nh, 1]
+                    content[:, :, :, x, y] += w * v[:, :, :, i, j]
+            for i in range(H):
+                s = (q[:, :, :, x, y] * table_col[clip(i - x, mc)]).sum(2, keepdim=True)
+                col[:, :, :, x, y] += s * v[:, :, :, i, y]
+    if norm is not None:
+        col = norm(col.reshape(B, -1, H, W)).reshape(col.shape)
+    row = torch.zeros(v.shape, dtype=v.dtype)
+    for x in range(H):
+        for y in range(W):
+            for j in range(W):
+                s = (q[:, :, :, x, y] * table_row[clip(j - y, mr)]).sum(2, keepdim=True)
+                row[:, :, :, x, y] += s * col[:, :, :, x, j]
+    return content + row
+
+
+@MODELS.register_module('GSA')
+class GlobalSelfAttention2d(BaseModule):
+    """Global self-attention (GSA) module, a drop-in for a 3x3 convolution.
+
+    Has ``nn.Conv2d``'s signature so mmcv's ``build_conv_layer`` (and mmdet's
+    ``Bottleneck`` through its ``dcn`` hook) can build it.
+
+    Args:
+        in_channels (int): input channels.
+        out_channels (int): output (= value) channels.
+        kernel_size, padding, dilation, groups, bias: accepted for the conv
+            signature; ignored.
+        stride (int): 1, or 2 for the 2x2 average pool (stride 2) that follows
+            the module in the first block of a ResNet stage (GSA Sec. 4).
+            ``ceil_mode`` keeps odd sizes equal to a strided conv's.
+        num_heads (int): heads. Defaults to 8.
+        key_channels (int, optional): channels of keys and queries. Defaults to
+            ``in_channels`` (GSA Sec. 4).
+        components (Sequence[str]): any of 'content', 'column', 'row' (GSA
+            Table 4). Defaults to all three.
+        max_rel_dist (int): relative tables cover offsets up to
+            ``max_rel_dist - 1``; larger offsets are clipped, so attention stays
+            global at any size. Defaults to 64.
+        norm_cfg (dict): norm between the column and row sub-layers.
+            Defaults to ``dict(type='BN')``.
+        init_cfg (dict, optional): mmengine init config.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int = 3,
+                 stride: int = 1,
+                 padding: Optional[int] = None,
+                 dilation: int = 1,
+                 groups: int = 1,
+                 bias: bool = False,
+                 num_heads: int = 8,
+                 key_channels: Optional[int] = None,
+                 components: Sequence[str] = GSA_COMPONENTS,
+                 max_rel_dist: int = 64,
+                 norm_cfg: dict = dict(type='BN'),
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg)
+        key_channels = in_channels if key_channels is None else key_channels
+        for name, value in (('key_channels', key_channels), ('out_channels', out_channels)):
+            if value <= 0 or value % num_heads:
+                raise ValueError(f'GlobalSelfAttention2d: {name}={value} must be a positive '
+                                 f'multiple of num_heads={num_heads}')
+        components = tuple(components)
+        if not components or any(c not in GSA_COMPONENTS for c in components):
+            raise ValueError(f'GlobalSelfAttention2d: components must be a non-empty subset of '
+                             f'{GSA_COMPONENTS}, got {components}')
+        if stride not in (1, 2):
+            raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
+        if max_rel_dist < 1:
+            raise ValueError(f'GlobalSelfAttention2d: max_rel_dist must be >= 1, got {max_rel_dist}')
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.key_channels, self.num_heads, self.stride = key_channels, num_heads, stride
+        self.head_dim = key_channels // num_heads
+        self.components = components
+        self.qkv = nn.Conv2d(in_channels, 2 * key_channels + out_channels, 1, bias=False)
+        if 'column' in components:
+            self.rel_col = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
+        if 'row' in components:
+            self.rel_row = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
+        if 'column' in components and 'row' in components:
+            self.norm_name, norm = build_norm_layer(norm_cfg, out_channels, postfix='_col')
+            self.add_module(self.norm_name, norm)
+        self.reset_relative()
+
+    def reset_relative(self):
+        """Relative tables ~ N(0, dkh^-0.5), shared by the heads."""
+        for name in ('rel_col', 'rel_row'):
+            if hasattr(self, name):
+                init_relative_table(getattr(self, name), self.head_dim)
+
+    def init_weights(self):
+        super().init_weights()
+        self.reset_relative()
+
+    def qkv_heads(self, x: Tensor):
+        """``q, k`` ``[B, Nh, dkh, H, W]`` and ``v`` ``[B, Nh, dvh, H, W]``."""
+        B, _, H, W = x.shape
+        q, k, v = self.qkv(x).split([self.key_channels, self.key_channels, self.out_channels], 1)
+        return (t.reshape(B, self.num_heads, -1, H, W) for t in (q, k, v))
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, _, H, W = x.shape
+        q, k, v = self.qkv_heads(x)
+        out = content_attention(q, k, v) if 'content' in self.components else 0
+        pos = v
+        if 'column' in self.components:
+            pos = column_attention(q, pos, self.rel_col)  # [B, Nh, dvh, H, W]
+            if 'row' in self.components:
+                norm = getattr(self, self.norm_name)
+                pos = norm(pos.reshape(B, -1, H, W)).reshape(pos.shape)
+        if 'row' in self.components:
+            pos = row_attention(q, pos, self.rel_row)
+        if pos is not v:
+            out = out + pos
+        out = out.reshape(B, self.out_channels, H, W)
+        if self.stride == 2:
+            out = F.avg_pool2d(out, 2, 2, ceil_mode=True)
+        return out

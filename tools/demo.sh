@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: creates or reuses the environment, then runs tools/demo.py.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/tools/setup_env.sh"
+cd "$ROOT"
+exec "${AA_DET_VENV:-$ROOT/.venv}/bin/python" tools/demo.py "$@"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run the test suite: creates or reuses the environment, then pytest (fast selection).
+#   bash tools/test.sh               # default: everything not marked slow
+#   bash tools/test.sh -m slow       # the slow tests (training runs, distributed)
+#   bash tools/test.sh -m ''         # all tests
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/tools/setup_env.sh"
+cd "$ROOT"
+exec "${AA_DET_VENV:-$ROOT/.venv}/bin/python" -m pytest "$@"

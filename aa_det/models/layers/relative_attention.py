@@ -168,8 +168,10 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
         cols = torch.arange(N, device=q.device) % W
         one_h = F.one_hot(rows, H).to(k.dtype).expand(*k.shape[:2], N, H)  # [B, Nh, HW, H]
         one_w = F.one_hot(cols, W).to(k.dtype).expand(*k.shape[:2], N, W)  # [B, Nh, HW, W]
-        q = torch.cat([q, rel_h, rel_w], dim=-1)  # [B, Nh, HW, d + H + W]
-        k = torch.cat([k, one_h, one_w], dim=-1)
+        pad = -(q.shape[-1] + H + W) % 8  # fused kernels want head dims in multiples of 8
+        zeros = q.new_zeros(*q.shape[:-1], pad)
+        q = torch.cat([q, rel_h, rel_w, zeros], dim=-1)  # [B, Nh, HW, d + H + W + pad]
+        k = torch.cat([k, one_h, one_w, zeros.expand(*k.shape[:-1], pad)], dim=-1)
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)
 
 

@@ -1,0 +1,2 @@
+from .backbones import *  # noqa: F401,F403  registers AAResNet, GSAResNet in mmdet's MODELS
+from .layers import *  # noqa: F401,F403  registers AAConv, GSA as conv layers

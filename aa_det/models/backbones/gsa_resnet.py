@@ -1,0 +1,61 @@
+"""GSA-ResNet: ResNet whose 3x3 convolutions are global self-attention modules.
+
+Shen et al., *Global Self-Attention Networks for Image Recognition*, Sec. 3.2 and
+4: every 3x3 conv of the selected stages is a GSA module (8 heads, keys / queries
+/ values with the input's channels); spatial reduction by a 2x2 average pool
+(stride 2) right after the first GSA module of stages 2-4; BN after every 1x1
+conv and GSA module; the stem stays convolutional. ResNet-26 / -38 are the
+bottleneck layouts of Ramachandran et al. (2019).
+
+Example:
+    >>> import torch
+    >>> from aa_det.models.backbones import GSAResNet
+    >>> model = GSAResNet(depth=26)
+    >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 67, 93))]
+    [(1, 256, 17, 24), (1, 512, 9, 12), (1, 1024, 5, 6), (1, 2048, 3, 3)]
+"""
+from typing import Optional, Sequence
+
+from mmdet.models.backbones.resnet import Bottleneck, ResNet
+from mmdet.registry import MODELS
+
+
+@MODELS.register_module()
+class GSAResNet(ResNet):
+    """Global Self-Attention ResNet (GSA paper, Table 6).
+
+    Takes every argument of mmdet's ``ResNet`` plus:
+
+    Args:
+        gsa (dict, optional): overrides of the ``GSA`` module config
+            (``num_heads``, ``components``, ``max_rel_dist``, ``key_channels``;
+            see :class:`aa_det.models.layers.GlobalSelfAttention2d`). Its norm
+            between column and row attention follows ``norm_cfg``.
+        stage_with_gsa (Sequence[bool]): stages whose 3x3 convs are replaced
+            (GSA Table 5). Defaults to all four.
+    """
+
+    arch_settings = {
+        26: (Bottleneck, (1, 2, 4, 1)),
+        38: (Bottleneck, (2, 3, 5, 2)),
+        50: (Bottleneck, (3, 4, 6, 3)),
+        101: (Bottleneck, (3, 4, 23, 3)),
+    }
+
+    def __init__(self,
+                 depth: int,
+                 gsa: Optional[dict] = None,
+                 stage_with_gsa: Sequence[bool] = (True, True, True, True),
+                 **kwargs):
+        if depth not in self.arch_settings:
+            raise KeyError(f'GSAResNet: invalid depth {depth}; choose from {sorted(self.arch_settings)}')
+        norm_cfg = kwargs.get('norm_cfg', dict(type='BN', requires_grad=True))
+        cfg = dict(type='GSA', num_heads=8, norm_cfg=norm_cfg)
+        cfg.update(gsa or {})
+        num_stages = kwargs.get('num_stages', 4)
+        stage_with_gsa = tuple(stage_with_gsa)[:num_stages]
+        if len(stage_with_gsa) != num_stages:
+            raise ValueError(f'GSAResNet: stage_with_gsa={stage_with_gsa} needs '
+                             f'num_stages={num_stages} entries')
+        super().__init__(depth, dcn=cfg if any(stage_with_gsa) else None,
+                         stage_with_dcn=stage_with_gsa, **kwargs)

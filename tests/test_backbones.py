@@ -1,0 +1,115 @@
+"""AAResNet / GSAResNet: shapes, mmdet ResNet semantics, parameter counts of the papers."""
+import pytest
+import torch
+from mmdet.registry import MODELS
+
+import aa_det  # noqa: F401
+
+
+def build(type_, depth, **kwargs):
+    return MODELS.build(dict(type=type_, depth=depth, **kwargs))
+
+
+def params_with_head(model):
+    """Parameters counted as torchvision's resnet50 (25.56M): trunk + 1000-way fc."""
+    return sum(p.numel() for p in model.parameters()) + model.feat_dim * 1000 + 1000
+
+
+# (type, depth, kwargs, paper's count in millions, source)
+PAPER_COUNTS = [
+    ('ResNet', 50, {}, 25.6, 'AA Table 2'),
+    ('AAResNet', 34, {}, 20.7, 'AA Table 2'),
+    ('AAResNet', 50, {}, 25.8, 'AA Table 2'),
+    ('AAResNet', 101, {}, 45.4, 'AA Table 2'),
+    ('AAResNet', 152, {}, 61.6, 'AA Table 2'),
+    ('AAResNet', 50, dict(attention=dict(key_ratio=0.25, value_ratio=0.25)), 24.3, 'AA Table 5'),
+    ('AAResNet', 50, dict(attention=dict(key_ratio=0.5, value_ratio=0.5)), 22.3, 'AA Table 5'),
+    ('AAResNet', 50, dict(attention=dict(key_ratio=0.75, value_ratio=0.75)), 20.7, 'AA Table 5'),
+    ('AAResNet', 50, dict(attention=dict(key_ratio=1.0, value_ratio=1.0)), 19.4, 'AA Table 5'),
+    ('GSAResNet', 38, {}, 14.2, 'GSA Table 6'),
+    ('GSAResNet', 50, {}, 18.1, 'GSA Table 6'),
+    ('GSAResNet', 101, {}, 30.4, 'GSA Table 6'),
+]
+
+
+@pytest.mark.parametrize('type_,depth,kwargs,paper,source', PAPER_COUNTS)
+def test_parameter_counts_reproduce_papers(type_, depth, kwargs, paper, source):
+    n = params_with_head(build(type_, depth, **kwargs)) / 1e6
+    assert n == pytest.approx(paper, rel=0.01), f'{type_}-{depth} {kwargs}: {n:.2f}M vs {paper}M ({source})'
+
+
+@pytest.mark.parametrize('type_,depth', [('AAResNet', d) for d in (18, 34, 50, 101, 152)]
+                         + [('GSAResNet', d) for d in (26, 38, 50, 101)])
+def test_every_depth_runs_at_odd_sizes(type_, depth):
+    model = build(type_, depth).eval()
+    with torch.no_grad():
+        outs = model(torch.rand(1, 3, 200, 333))
+    expansion = 1 if depth < 50 else 4
+    sizes = [(50, 84), (25, 42), (13, 21), (7, 11)]
+    assert [tuple(o.shape) for o in outs] == [(1, 64 * 2 ** i * expansion, *s) for i, s in enumerate(sizes)]
+
+
+@pytest.mark.parametrize('type_,depth', [('AAResNet', 18), ('GSAResNet', 26)])
+def test_out_indices_frozen_stages_norm_eval(type_, depth):
+    model = build(type_, depth, out_indices=(1, 3), frozen_stages=1, norm_eval=True)
+    model.train()
+    assert len(model(torch.rand(1, 3, 64, 48))) == 2
+    for name in ('conv1', 'bn1', 'layer1'):
+        module = getattr(model, name)
+        assert all(not p.requires_grad for p in module.parameters())
+        assert all(not m.training for m in module.modules())
+    assert all(p.requires_grad for p in model.layer2.parameters())
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert bns and all(not m.training for m in bns)
+    model = build(type_, depth, norm_eval=False).train()
+    assert all(m.training for m in model.modules())
+
+
+@pytest.mark.parametrize('type_,depth', [('AAResNet', 50), ('GSAResNet', 26)])
+def test_with_cp_same_outputs_and_gradients(type_, depth):
+    torch.manual_seed(0)
+    ref = build(type_, depth, norm_eval=False)
+    cp = build(type_, depth, norm_eval=False, with_cp=True)
+    cp.load_state_dict(ref.state_dict())
+    x = torch.rand(2, 3, 64, 80)
+    for model in (ref, cp):
+        model.train()
+        sum(o.mean() for o in model(x)).backward()
+    for (name, a), b in zip(ref.named_parameters(), cp.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize('type_,depth', [('AAResNet', 50), ('AAResNet', 34), ('GSAResNet', 38)])
+def test_every_parameter_gets_a_gradient_and_state_dict_round_trips(type_, depth):
+    model = build(type_, depth, norm_eval=False).train()
+    sum(o.mean() for o in model(torch.rand(2, 3, 64, 96))).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f'no gradient (DDP would need find_unused_parameters): {missing}'
+    fresh = build(type_, depth)
+    result = fresh.load_state_dict(model.state_dict(), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    x = torch.rand(1, 3, 64, 64)
+    model.eval(), fresh.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), fresh(x))
+
+
+def test_zero_init_residual_applies_to_attention_blocks():
+    for type_, depth, last in (('AAResNet', 34, 'norm2'), ('AAResNet', 50, 'norm3'),
+                               ('GSAResNet', 26, 'norm3')):
+        model = build(type_, depth)
+        model.init_weights()
+        assert getattr(model.layer4[0], last).weight.abs().sum() == 0
+
+
+def test_attention_layers_sit_where_the_papers_put_them():
+    from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
+    aa = build('AAResNet', 50)
+    assert not isinstance(aa.layer1[0].conv2, AAConv2d)
+    assert all(isinstance(b.conv2, AAConv2d) for layer in (aa.layer2, aa.layer3, aa.layer4) for b in layer)
+    assert [aa.layer2[0].conv2.attn_downsample, aa.layer3[0].conv2.attn_downsample] == [True, False]
+    aa34 = build('AAResNet', 34)
+    assert isinstance(aa34.layer2[0].conv1, AAConv2d) and not isinstance(aa34.layer2[0].conv2, AAConv2d)
+    gsa = build('GSAResNet', 50)
+    assert all(isinstance(b.conv2, GlobalSelfAttention2d) for layer in (gsa.layer1, gsa.layer4) for b in layer)
+    assert [gsa.layer1[0].conv2.stride, gsa.layer2[0].conv2.stride, gsa.layer2[1].conv2.stride] == [1, 2, 1]

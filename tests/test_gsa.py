@@ -1,0 +1,66 @@
+"""The GSA module against a loop reference written from the GSA paper's equations."""
+import pytest
+import torch
+
+from aa_det.models.layers import GlobalSelfAttention2d
+from aa_det.models.layers.gsa import gsa_reference
+
+
+@pytest.mark.parametrize('H,W,max_dist', [(5, 3, 8), (4, 7, 3), (1, 1, 2)])
+def test_gsa_matches_loop_reference(H, W, max_dist):
+    torch.manual_seed(0)
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, max_rel_dist=max_dist).double()
+    x = torch.randn(2, 8, H, W, dtype=torch.float64, requires_grad=True)
+    out = gsa(x)
+    q, k, v = gsa.qkv_heads(x)
+    ref = gsa_reference(q, k, v, gsa.rel_col, gsa.rel_row, norm=gsa.norm_col).reshape(out.shape)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    params = [x, gsa.rel_col, gsa.rel_row, gsa.qkv.weight]
+    g = torch.autograd.grad((out * out.cos()).sum(), params)
+    g_ref = torch.autograd.grad((ref * ref.cos()).sum(), params)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_content_attention_is_permutation_equivariant_positional_is_not():
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 4, 5, dtype=torch.float64)
+    perm = torch.randperm(20)
+    xp = x.flatten(-2)[..., perm].reshape(x.shape)
+    for components, equivariant in ((('content',), True), (('content', 'column', 'row'), False)):
+        gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=components).double().eval()
+        out, outp = gsa(x).flatten(-2), gsa(xp).flatten(-2)
+        assert torch.allclose(out[..., perm], outp) == equivariant
+
+
+@pytest.mark.parametrize('components', [('content',), ('column',), ('row',), ('column', 'row'),
+                                        ('content', 'column'), ('content', 'row')])
+def test_ablation_variants(components):
+    gsa = GlobalSelfAttention2d(16, 16, num_heads=4, components=components)
+    out = gsa(torch.randn(2, 16, 6, 5))
+    assert out.shape == (2, 16, 6, 5)
+    out.sum().backward()
+    assert all(p.grad is not None for p in gsa.parameters())
+    assert hasattr(gsa, 'rel_col') == ('column' in components)
+    assert hasattr(gsa, 'rel_row') == ('row' in components)
+
+
+@pytest.mark.parametrize('size', [(9, 13), (1, 1), (2, 5)])
+def test_stride_two_matches_strided_conv(size):
+    out = GlobalSelfAttention2d(16, 16, stride=2)(torch.randn(1, 16, *size))
+    ref = torch.nn.Conv2d(16, 16, 1, 2)(torch.randn(1, 16, *size))  # the shortcut's size
+    assert out.shape == ref.shape
+
+
+def test_any_size_with_one_set_of_weights():
+    gsa = GlobalSelfAttention2d(16, 16, max_rel_dist=4)
+    for size in [(3, 3), (17, 5), (40, 64)]:
+        assert gsa(torch.randn(1, 16, *size)).shape[-2:] == size
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(num_heads=3), 'key_channels'), (dict(components=('col',)), 'components'),
+    (dict(stride=4), 'stride')])
+def test_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GlobalSelfAttention2d(16, 16, **kwargs)

@@ -1,0 +1,164 @@
+"""The AA attention kernels against a loop reference written from eq. (3)."""
+import pytest
+import torch
+
+from aa_det.models.layers import AAConv2d, aa_channels
+from aa_det.models.layers.relative_attention import relative_attention
+
+
+def _inputs(B=2, Nh=3, H=5, W=7, d=4, dv=6, max_dist=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
+
+    return (rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, dv),
+            rnd(2 * max_dist - 1, d), rnd(2 * max_dist - 1, d))
+
+
+@pytest.mark.parametrize('H,W,max_dist', [(5, 7, 4), (3, 1, 2), (1, 1, 3), (6, 5, 9)])
+@pytest.mark.parametrize('impl', ['materialized', 'blocked', 'sdpa'])
+def test_kernels_match_loop_reference(impl, H, W, max_dist):
+    q, k, v, th, tw = _inputs(H=H, W=W, max_dist=max_dist)
+    extra = dict(block_elems=2 * 3 * H * W * 2) if impl == 'blocked' else {}  # 2 query rows/block
+    results = []
+    for name, kw in (('reference', {}), (impl, extra)):
+        out = relative_attention(q, k, v, th, tw, H, W, impl=name, **kw)
+        grads = torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, th, tw))
+        results.append((out, grads))
+    (ref, ref_g), (out, g) = results
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_blocked_path_never_materialises_full_logits(monkeypatch):
+    """With a small block bound, no softmax input exceeds the bound."""
+    from aa_det.models.layers import relative_attention as ra
+    seen = []
+    real = ra.attention_materialized
+
+    def spy(q, k, *args):
+        seen.append(q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
+        return real(q, k, *args)
+
+    monkeypatch.setattr(ra, 'attention_materialized', spy)
+    q, k, v, th, tw = _inputs(H=9, W=11)
+    bound = 2 * 3 * 99 * 10
+    out = ra.relative_attention(q, k, v, th, tw, 9, 11, impl='blocked', block_elems=bound)
+    out.sum().backward()
+    assert seen and max(seen) <= bound < 2 * 3 * 99 * 99
+
+
+def _conv(position, **kw):
+    torch.manual_seed(0)
+    return AAConv2d(8, 16, 3, key_channels=8, value_channels=8, num_heads=2,
+                    position=position, **kw).double().eval()
+
+
+def test_translation_equivariance():
+    """Moving the content inside a larger grid moves the output with it.
+
+    The larger grid's extra keys are masked out exactly (an extra query dim of
+    1 meets a key dim of -1e6, so their weights underflow to 0 in float64);
+    what remains differs between placements only by a translation.
+    """
+    B, Nh, H, W = 2, 3, 4, 5
+    q, k, v, th, tw = _inputs(B, Nh, H, W, max_dist=12)
+    pad = torch.zeros(2 * 12 - 1, 1, dtype=torch.float64)
+    tables = torch.cat([th, pad], 1), torch.cat([tw, pad], 1)
+
+    def placed(top, left, H2=8, W2=9):
+        def embed(t, fill):
+            out = torch.full((B, Nh, H2, W2, t.shape[-1]), fill, dtype=t.dtype)
+            out[:, :, top:top + H, left:left + W] = t.view(B, Nh, H, W, -1)
+            return out.flatten(2, 3)
+
+        ones = torch.ones(B, Nh, H * W, 1, dtype=torch.float64)
+        out = relative_attention(embed(torch.cat([q, ones], -1), 1.0),
+                                 embed(torch.cat([k, 0 * ones], -1), -1e6),
+                                 embed(v, 0.0), *tables, H2, W2)
+        return out.view(B, Nh, H2, W2, -1)[:, :, top:top + H, left:left + W]
+
+    torch.testing.assert_close(placed(0, 0), placed(3, 4))
+    small = relative_attention(q, k, v, th, tw, H, W).view(B, Nh, H, W, -1)
+    torch.testing.assert_close(placed(3, 4), small)
+
+
+@pytest.mark.parametrize('position,equivariant', [('none', True), ('relative', False)])
+def test_permutation_equivariance(position, equivariant):
+    conv = _conv(position)
+    x = torch.randn(2, 8, 5, 6, dtype=torch.float64)
+    perm = torch.randperm(30, generator=torch.Generator().manual_seed(1))
+    q, k, v, hw = conv.qkv_heads(x)
+    tables = (conv.rel_h, conv.rel_w) if position == 'relative' else (None, None)
+    out = relative_attention(q, k, v, *tables, *hw)
+    xp = x.flatten(-2)[..., perm].reshape(x.shape)
+    qp, kp, vp, _ = conv.qkv_heads(xp)
+    outp = relative_attention(qp, kp, vp, *tables, *hw)
+    assert torch.allclose(out[:, :, perm], outp) == equivariant
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_keeps_logits_finite(dtype):
+    conv = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4)
+    x = torch.randn(2, 16, 7, 9) * 300  # logits far beyond fp16's range
+    with torch.autocast('cpu', dtype=dtype):
+        out = conv(x)
+    assert torch.isfinite(out).all()
+    out.float().square().mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in conv.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('stride,down,size,expect', [
+    (1, False, (9, 13), (9, 13)), (2, False, (9, 13), (5, 7)), (1, True, (9, 13), (9, 13)),
+    (2, True, (1, 1), (1, 1)), (2, True, (10, 7), (5, 4))])
+@pytest.mark.parametrize('position', ['relative', 'none', 'sine', 'coord'])
+def test_aaconv_shapes(stride, down, size, expect, position):
+    conv = AAConv2d(16, 32, 3, stride=stride, num_heads=4, min_key_dim_per_head=4,
+                    position=position, attn_downsample=down)
+    out = conv(torch.randn(2, 16, *size))
+    assert out.shape == (2, 32, *expect)
+    conv2d = torch.nn.Conv2d(16, 32, 3, stride, 1)
+    assert out.shape == conv2d(torch.randn(2, 16, *size)).shape
+
+
+def test_fully_attentional():
+    conv = AAConv2d(32, 32, 3, key_ratio=1.0, value_ratio=1.0, num_heads=8, min_key_dim_per_head=1)
+    assert conv.conv is None and conv.value_channels == 32
+    assert conv(torch.randn(1, 32, 5, 3)).shape == (1, 32, 5, 3)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(key_channels=30), 'key_channels'),
+    (dict(value_channels=12, num_heads=8), 'value_channels'),
+    (dict(value_channels=72), 'exceeds out_channels'),
+    (dict(position='learned'), 'position'),
+    (dict(stride=3), 'stride'),
+    (dict(max_rel_dist=0), 'max_rel_dist'),
+])
+def test_bad_settings_fail_at_construction(kwargs, message):
+    base = dict(num_heads=4)
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        AAConv2d(64, 64, 3, **base)
+
+
+@pytest.mark.parametrize('fin,fout,kappa,upsilon', [(128, 128, 0.2, 0.1), (256, 256, 0.5, 0.5),
+                                                    (64, 128, 0.25, 0.25)])
+def test_parameter_change_matches_eq4(fin, fout, kappa, upsilon):
+    """Params(AAConv) - Params(conv) = Fin*Fout*(2k + (1-9)u + Fout/Fin u^2) + biases + tables."""
+    conv = AAConv2d(fin, fout, 3, key_ratio=kappa, value_ratio=upsilon, num_heads=8,
+                    min_key_dim_per_head=1, max_rel_dist=8)
+    dk, dv = conv.key_channels, conv.value_channels
+    assert (dk, dv) == (round(kappa * fout), round(upsilon * fout))
+    n_aa = sum(p.numel() for p in conv.parameters())
+    eq4 = fin * fout * (2 * kappa + (1 - 9) * upsilon + fout / fin * upsilon ** 2)
+    extra = (2 * dk + dv) + dv + 2 * (2 * 8 - 1) * dk // 8  # qkv/proj biases, relative tables
+    assert n_aa - 9 * fin * fout == pytest.approx(eq4 + extra, abs=1)
+
+
+def test_channel_rule_reproduces_table9():
+    """ResNet-50 stage widths with kappa=2*upsilon=0.2, Nh=8, >=20 dims per key head."""
+    assert [aa_channels(w, 0.2, 0.1, 8, 20) for w in (128, 256, 512)] == [(160, 16), (160, 24),
+                                                                          (160, 48)]

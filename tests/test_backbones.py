@@ -6,8 +6,11 @@ from mmdet.registry import MODELS
 import aa_det  # noqa: F401
 
 
-def build(type_, depth, **kwargs):
-    return MODELS.build(dict(type=type_, depth=depth, **kwargs))
+def build(type_, depth, mode=None, **kwargs):
+    model = MODELS.build(dict(type=type_, depth=depth, **kwargs))
+    if mode is not None:
+        model.train(mode == 'train')  # mmdet's ResNet.train() returns None: no chaining
+    return model
 
 
 def params_with_head(model):
@@ -41,10 +44,10 @@ def test_parameter_counts_reproduce_papers(type_, depth, kwargs, paper, source):
 @pytest.mark.parametrize('type_,depth', [('AAResNet', d) for d in (18, 34, 50, 101, 152)]
                          + [('GSAResNet', d) for d in (26, 38, 50, 101)])
 def test_every_depth_runs_at_odd_sizes(type_, depth):
-    model = build(type_, depth).eval()
+    model = build(type_, depth, mode='eval')
     with torch.no_grad():
         outs = model(torch.rand(1, 3, 200, 333))
-    expansion = 1 if depth < 50 else 4
+    expansion = model.block.expansion
     sizes = [(50, 84), (25, 42), (13, 21), (7, 11)]
     assert [tuple(o.shape) for o in outs] == [(1, 64 * 2 ** i * expansion, *s) for i, s in enumerate(sizes)]
 
@@ -55,13 +58,13 @@ def test_out_indices_frozen_stages_norm_eval(type_, depth):
     model.train()
     assert len(model(torch.rand(1, 3, 64, 48))) == 2
     for name in ('conv1', 'bn1', 'layer1'):
-        module = getattr(model, name)
-        assert all(not p.requires_grad for p in module.parameters())
-        assert all(not m.training for m in module.modules())
+        assert all(not p.requires_grad for p in getattr(model, name).parameters())
+    for name in ('bn1', 'layer1'):
+        assert all(not m.training for m in getattr(model, name).modules())
     assert all(p.requires_grad for p in model.layer2.parameters())
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     assert bns and all(not m.training for m in bns)
-    model = build(type_, depth, norm_eval=False).train()
+    model = build(type_, depth, mode='train', norm_eval=False)
     assert all(m.training for m in model.modules())
 
 
@@ -75,13 +78,15 @@ def test_with_cp_same_outputs_and_gradients(type_, depth):
     for model in (ref, cp):
         model.train()
         sum(o.mean() for o in model(x)).backward()
+    scale = max(p.grad.abs().max() for p in ref.parameters())
     for (name, a), b in zip(ref.named_parameters(), cp.parameters()):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+        # biases right before a BN have ~0 true gradient: compare against the global scale
+        assert (a.grad - b.grad).abs().max() <= 1e-4 * scale, name
 
 
 @pytest.mark.parametrize('type_,depth', [('AAResNet', 50), ('AAResNet', 34), ('GSAResNet', 38)])
 def test_every_parameter_gets_a_gradient_and_state_dict_round_trips(type_, depth):
-    model = build(type_, depth, norm_eval=False).train()
+    model = build(type_, depth, mode='train', norm_eval=False)
     sum(o.mean() for o in model(torch.rand(2, 3, 64, 96))).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, f'no gradient (DDP would need find_unused_parameters): {missing}'
@@ -89,7 +94,8 @@ def test_every_parameter_gets_a_gradient_and_state_dict_round_trips(type_, depth
     result = fresh.load_state_dict(model.state_dict(), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     x = torch.rand(1, 3, 64, 64)
-    model.eval(), fresh.eval()
+    model.eval()
+    fresh.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(x), fresh(x))
 

@@ -75,8 +75,9 @@ def test_translation_equivariance():
             return out.flatten(2, 3)
 
         ones = torch.ones(B, Nh, H * W, 1, dtype=torch.float64)
-        out = relative_attention(embed(torch.cat([q, ones], -1), 1.0),
-                                 embed(torch.cat([k, 0 * ones], -1), -1e6),
+        keys = embed(torch.cat([k, 0 * ones], -1), 0.0)
+        keys[..., -1] += embed(0 * ones, -1e6)[..., 0]  # masked keys: -1e6 in the extra dim only
+        out = relative_attention(embed(torch.cat([q, ones], -1), 1.0), keys,
                                  embed(v, 0.0), *tables, H2, W2)
         return out.view(B, Nh, H2, W2, -1)[:, :, top:top + H, left:left + W]
 
@@ -144,7 +145,7 @@ def test_bad_settings_fail_at_construction(kwargs, message):
         AAConv2d(64, 64, 3, **base)
 
 
-@pytest.mark.parametrize('fin,fout,kappa,upsilon', [(128, 128, 0.2, 0.1), (256, 256, 0.5, 0.5),
+@pytest.mark.parametrize('fin,fout,kappa,upsilon', [(128, 160, 0.2, 0.1), (256, 256, 0.5, 0.5),
                                                     (64, 128, 0.25, 0.25)])
 def test_parameter_change_matches_eq4(fin, fout, kappa, upsilon):
     """Params(AAConv) - Params(conv) = Fin*Fout*(2k + (1-9)u + Fout/Fin u^2) + biases + tables."""

@@ -21,9 +21,14 @@ def _numpy_globals():
 
 
 def mmengine_safe_globals():
-    """The types an mmengine Runner checkpoint holds beyond tensors and containers."""
+    """The types an mmengine Runner checkpoint holds beyond tensors and containers.
+
+    ``HistoryBuffer`` pickles its statistics methods as ``getattr(HistoryBuffer, 'min')``,
+    so ``getattr`` is needed too; what it returns still cannot be called by the safe
+    unpickler unless that callable is itself allow-listed.
+    """
     from mmengine.logging.history_buffer import HistoryBuffer
-    return [HistoryBuffer, *_numpy_globals()]
+    return [HistoryBuffer, getattr, *_numpy_globals()]
 
 
 def register_safe_globals():

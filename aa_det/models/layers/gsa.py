@@ -166,8 +166,7 @@ class GlobalSelfAttention2d(BaseModule):
         if 'row' in components:
             self.rel_row = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
         if 'column' in components and 'row' in components:
-            self.norm_name, norm = build_norm_layer(norm_cfg, out_channels, postfix='_col')
-            self.add_module(self.norm_name, norm)
+            self.norm_col = build_norm_layer(norm_cfg, out_channels)[1]
         self.reset_relative()
 
     def reset_relative(self):
@@ -194,8 +193,7 @@ class GlobalSelfAttention2d(BaseModule):
         if 'column' in self.components:
             pos = column_attention(q, pos, self.rel_col)  # [B, Nh, dvh, H, W]
             if 'row' in self.components:
-                norm = getattr(self, self.norm_name)
-                pos = norm(pos.reshape(B, -1, H, W)).reshape(pos.shape)
+                pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         if 'row' in self.components:
             pos = row_attention(q, pos, self.rel_row)
         if pos is not v:

@@ -1,0 +1,111 @@
+"""Config loading and Runner construction shared by tools/train.py and tools/test.py."""
+import json
+import os.path as osp
+from typing import Optional
+
+import torch
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+
+class ConfigError(ValueError):
+    """A config or a file it points at is unusable; the message names it."""
+
+
+def _replace_norm(cfg, old: str, new: str):
+    """Recursively replace ``type=old`` norm configs by ``type=new``."""
+    if isinstance(cfg, dict):
+        if cfg.get('type') == old:
+            cfg['type'] = new
+        for value in cfg.values():
+            _replace_norm(value, old, new)
+    elif isinstance(cfg, (list, tuple)):
+        for value in cfg:
+            _replace_norm(value, old, new)
+
+
+def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
+                launcher: str = 'none', amp: bool = False, auto_scale_lr: bool = False,
+                resume: Optional[str] = None) -> Config:
+    """Read a config and apply the command-line semantics of mmdet's tools.
+
+    * ``launcher='none'``: SyncBN -> BN (SyncBN cannot run in a single process).
+    * no CUDA: the gloo backend for distributed runs.
+    * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale on CUDA,
+      bf16 autocast on the CPU).
+    * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
+    """
+    if not osp.isfile(path):
+        raise ConfigError(f'config file not found: {path}')
+    cfg = Config.fromfile(path)
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
+    if launcher == 'none':
+        _replace_norm(cfg.model, 'SyncBN', 'BN')
+    if not torch.cuda.is_available() and cfg.get('env_cfg', {}).get('dist_cfg'):
+        cfg.env_cfg.dist_cfg.backend = 'gloo'
+    if amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        if torch.cuda.is_available():
+            cfg.optim_wrapper.loss_scale = 'dynamic'
+        else:
+            cfg.optim_wrapper.dtype = 'bfloat16'
+    if auto_scale_lr:
+        if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
+            raise ConfigError(f'{path}: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
+        cfg.auto_scale_lr.enable = True
+    if resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+    elif resume is not None:
+        if not osp.isfile(resume):
+            raise ConfigError(f'--resume: checkpoint file not found: {resume}')
+        cfg.resume, cfg.load_from = True, resume
+    return cfg
+
+
+def check_coco_annotation(ann_file: str):
+    """Fail with the file's name unless it is a readable COCO detection json."""
+    if not osp.isfile(ann_file):
+        raise ConfigError(f'annotation file not found: {ann_file}')
+    try:
+        with open(ann_file) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f'annotation file is not valid JSON: {ann_file} ({e})') from e
+    missing = [k for k in ('images', 'annotations', 'categories') if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise ConfigError(f'annotation file is not COCO format (no {", ".join(missing)}): {ann_file}')
+
+
+def check_datasets(cfg: Config):
+    """Every dataloader's annotation file and image folder exist (COCO ones are checked too)."""
+    for name in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        loader = cfg.get(name)
+        if not loader or 'dataset' not in loader:
+            continue
+        dataset = loader['dataset']
+        while 'dataset' in dataset:  # wrappers (RepeatDataset, ...)
+            dataset = dataset['dataset']
+        root = dataset.get('data_root') or ''
+        ann = dataset.get('ann_file')
+        if ann:
+            ann_path = osp.join(root, ann)
+            if dataset.get('type') == 'CocoDataset':
+                check_coco_annotation(ann_path)
+            elif not osp.exists(ann_path):
+                raise ConfigError(f'{name}.dataset.ann_file not found: {ann_path}')
+        img_dir = (dataset.get('data_prefix') or {}).get('img')
+        if img_dir is not None and not osp.isdir(osp.join(root, img_dir)):
+            raise ConfigError(f'{name}.dataset image folder not found: {osp.join(root, img_dir)}')
+
+
+def build_runner(cfg: Config) -> Runner:
+    """Check the data paths, then build mmengine's Runner (or the config's runner_type)."""
+    check_datasets(cfg)
+    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

@@ -1,0 +1,85 @@
+"""A small generated COCO-format detection dataset (no download): the demo's data.
+
+Scenes of filled circles, squares and triangles of random size, colour and
+position on a textured background; boxes are exact (the shapes' extents).
+
+Example:
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> paths = generate_shapes_coco(root, num_train=4, num_val=2, image_size=64)
+    >>> sorted(paths)
+    ['train', 'val']
+"""
+import json
+import os
+import os.path as osp
+from typing import Dict
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CLASSES = ('circle', 'square', 'triangle')
+
+
+def _scene(rng: np.random.Generator, size: int, max_objects: int):
+    """One image (H, W, 3 uint8) and its [(x, y, w, h, class_index)] boxes."""
+    base = rng.integers(40, 120, size=3)
+    noise = rng.normal(0, 12, size=(size, size, 3))
+    image = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    boxes = []
+    for _ in range(rng.integers(1, max_objects + 1)):
+        cls = int(rng.integers(len(CLASSES)))
+        side = int(rng.integers(size // 8, size // 3))
+        x0, y0 = (int(v) for v in rng.integers(0, size - side, size=2))
+        x1, y1 = x0 + side, y0 + side
+        if any(x0 < bx + bw and bx < x1 and y0 < by + bh and by < y1 for bx, by, bw, bh, _ in boxes):
+            continue  # no occlusion: every box shows its whole shape
+        colour = tuple(int(c) for c in rng.integers(150, 256, size=3))
+        if cls == 0:
+            draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=colour)
+        elif cls == 1:
+            draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=colour)
+        else:
+            draw.polygon([(x0, y1 - 1), (x1 - 1, y1 - 1), ((x0 + x1 - 1) / 2, y0)], fill=colour)
+        boxes.append((x0, y0, side, side, cls))
+    return image, boxes
+
+
+def generate_shapes_coco(root: str, num_train: int = 400, num_val: int = 100,
+                         image_size: int = 128, max_objects: int = 4, seed: int = 0) -> Dict[str, str]:
+    """Write ``root/{train,val}/*.png`` and ``root/annotations/instances_{train,val}.json``.
+
+    Existing files are reused when the annotation file records the same settings.
+
+    Returns:
+        dict: split name -> annotation file path.
+    """
+    settings = dict(num_train=num_train, num_val=num_val, image_size=image_size,
+                    max_objects=max_objects, seed=seed)
+    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
+    paths = {}
+    for split, count in (('train', num_train), ('val', num_val)):
+        ann_file = osp.join(root, 'annotations', f'instances_{split}.json')
+        paths[split] = ann_file
+        if osp.exists(ann_file):
+            with open(ann_file) as f:
+                if json.load(f).get('info', {}).get('settings') == settings:
+                    continue
+        rng = np.random.default_rng([seed, 0 if split == 'train' else 1])
+        os.makedirs(osp.join(root, split), exist_ok=True)
+        images, annotations = [], []
+        for image_id in range(count):
+            image, boxes = _scene(rng, image_size, max_objects)
+            name = f'{image_id:06d}.png'
+            image.save(osp.join(root, split, name))
+            images.append(dict(id=image_id, file_name=name, width=image_size, height=image_size))
+            for x, y, w, h, cls in boxes:
+                annotations.append(dict(id=len(annotations) + 1, image_id=image_id, category_id=cls + 1,
+                                        bbox=[x, y, w, h], area=w * h, iscrowd=0))
+        coco = dict(info=dict(description='aa_det synthetic shapes', settings=settings), images=images,
+                    annotations=annotations,
+                    categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
+        with open(ann_file, 'w') as f:
+            json.dump(coco, f)
+    return paths

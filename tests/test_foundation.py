@@ -1,0 +1,98 @@
+"""Registration, safe checkpoint loading with a real mmengine Runner, environment errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_import_registers_into_mmdet_scope():
+    import aa_det  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmengine.registry import MODELS as ROOT_MODELS
+    assert MODELS.get('AAResNet') is not None and MODELS.get('GSAResNet') is not None
+    # conv layers live where mmcv's build_conv_layer looks, from any scope
+    assert ROOT_MODELS.get('AAConv') is not None and ROOT_MODELS.get('GSA') is not None
+
+
+def test_custom_imports_in_a_config_registers_in_a_fresh_process(tmp_path):
+    cfg = tmp_path / 'cfg.py'
+    cfg.write_text("default_scope = 'mmdet'\n"
+                   "custom_imports = dict(imports=['aa_det'], allow_failed_imports=False)\n"
+                   "model = dict(type='GSAResNet', depth=26)\n")
+    code = ('import sys; from mmengine.config import Config; from mmengine.registry import init_default_scope;'
+            'from mmdet.registry import MODELS; cfg = Config.fromfile(sys.argv[1]);'
+            'init_default_scope(cfg.default_scope); m = MODELS.build(cfg.model);'
+            'assert "aa_det" in sys.modules; print(type(m).__name__)')
+    out = subprocess.run([sys.executable, '-c', code, str(cfg)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == 'GSAResNet'
+
+
+class ToyModel(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(2, 1)
+
+    def forward(self, inputs, labels, mode='tensor'):
+        out = self.linear(torch.stack(inputs))
+        if mode == 'loss':
+            return dict(loss=(out.squeeze(1) - torch.stack(labels)).pow(2).mean())
+        return out
+
+
+class ToyDataset(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        return dict(inputs=torch.randn(2, generator=g), labels=torch.tensor(1.0))
+
+
+def _runner(work_dir, max_epochs, resume):
+    return Runner(model=ToyModel(), work_dir=str(work_dir),
+                  train_dataloader=dict(dataset=ToyDataset(), batch_size=3, num_workers=0,
+                                        sampler=dict(type='DefaultSampler', shuffle=True)),
+                  train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+                  optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
+                  param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True, begin=0, end=10),
+                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+                  resume=resume, default_scope='mmdet')
+
+
+def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
+    import aa_det  # noqa: F401  allow-lists the checkpoint types
+    _runner(tmp_path, 1, False).train()
+    ckpt = tmp_path / 'epoch_1.pth'
+    # What the checkpoint holds beyond tensors is exactly what aa_det allow-lists.
+    state = torch.load(ckpt, map_location='cpu', weights_only=True)
+    assert 'message_hub' in state and 'log_scalars' in state['message_hub']
+    # Without aa_det the safe loader refuses it (the bug this fixes).
+    code = f'import torch; torch.load({str(ckpt)!r}, weights_only=True)'
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert out.returncode != 0 and 'HistoryBuffer' in out.stderr
+    runner = _runner(tmp_path, 2, True)
+    runner.train()
+    assert runner.iter == 8 and runner.epoch == 2
+    assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(0.001)  # schedule state resumed
+    assert (tmp_path / 'epoch_2.pth').exists()
+
+
+def test_tools_fail_clearly_outside_the_environment(tmp_path):
+    """A Python without torch: one line saying what's wrong and the command that fixes it."""
+    env = dict(os.environ, PYTHONPATH='', PYTHONNOUSERSITE='1')
+    bare = tmp_path / 'bare'
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(bare)], check=True)
+    out = subprocess.run([str(bare / 'bin' / 'python'), os.path.join(ROOT, 'tools', 'train.py'), 'x.py'],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert "required package 'torch' is not installed" in out.stderr
+    assert 'bash tools/setup_env.sh' in out.stderr and 'Traceback' not in out.stderr

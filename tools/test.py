@@ -1,0 +1,51 @@
+"""Evaluate a checkpoint (mmdet's tools/test.py semantics); COCO bbox mAP via CocoMetric.
+
+    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
+        [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _env_check import require_env  # noqa: E402
+
+require_env()
+
+from mmengine.config import DictAction  # noqa: E402
+
+from aa_det.apis import build_runner, load_config  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Test (and evaluate) a model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument('--work-dir', help='the dir to save evaluation results')
+    parser.add_argument('--out', help='dump predictions to a pickle file')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main():
+    args = parse_args()
+    if not osp.isfile(args.checkpoint):
+        raise SystemExit(f'aa_det: checkpoint file not found: {args.checkpoint}')
+    cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                      launcher=args.launcher)
+    cfg.load_from = args.checkpoint
+    if args.out:
+        cfg.test_evaluator = [cfg.test_evaluator] if isinstance(cfg.test_evaluator, dict) \
+            else list(cfg.test_evaluator)
+        cfg.test_evaluator.append(dict(type='DumpDetResults', out_file_path=args.out))
+    build_runner(cfg).test()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,51 @@
+"""Train a detector or classifier from a config (mmdet's tools/train.py semantics).
+
+    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+        [--auto-scale-lr] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
+
+Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
+in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from _env_check import require_env  # noqa: E402
+
+require_env()
+
+from mmengine.config import DictAction  # noqa: E402
+
+from aa_det.apis import build_runner, load_config  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help='scale lr by total batch / auto_scale_lr.base_batch_size')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from CKPT, or from the latest checkpoint in work-dir')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, key=value')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main():
+    args = parse_args()
+    cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
+                      launcher=args.launcher, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
+                      resume=args.resume)
+    build_runner(cfg).train()
+
+
+if __name__ == '__main__':
+    main()

@@ -27,7 +27,7 @@ model = dict(
         anchor_generator=dict(octave_base_scale=2)))
 
 max_epochs = 12
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
+train_cfg = dict(type="EpochBasedTrainLoop", max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 param_scheduler = [

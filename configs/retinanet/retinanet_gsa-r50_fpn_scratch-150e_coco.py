@@ -1,0 +1,3 @@
+# RetinaNet + FPN, GSA-ResNet-50 (all four stages), from scratch.
+_base_ = './retinanet_r50_fpn_scratch-150e_coco.py'
+model = dict(backbone=dict(type='GSAResNet', depth=50))

@@ -47,9 +47,10 @@ def test_every_config_builds_its_model(path):
 
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
-    extra = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4}
+    extra = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
+             'model.test_cfg.score_thr': 0.0}  # an untrained model still gets scored
     if backbone == 'GSAResNet':
-        extra.update({'model.backbone': dict(type='GSAResNet', depth=26, base_channels=32,
+        extra.update({'model.backbone': dict(_delete_=True, type='GSAResNet', depth=26, base_channels=32,
                                              norm_cfg=dict(type='BN'), norm_eval=False, init_cfg=None),
                       'model.neck.in_channels': [128, 256, 512, 1024]})
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **extra))

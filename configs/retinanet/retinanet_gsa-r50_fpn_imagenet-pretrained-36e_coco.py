@@ -2,7 +2,7 @@
 # (tools/train.py configs/imagenet/...); pass its checkpoint with
 #   --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/<cls run>/epoch_100.pth
 _base_ = './retinanet_gsa-r50_fpn_scratch-150e_coco.py'
-model = dict(backbone=dict(init_cfg=dict(type='Pretrained', prefix='backbone.',
+model = dict(backbone=dict(init_cfg=dict(_delete_=True, type='Pretrained', prefix='backbone.',
                                          checkpoint='work_dirs/imagenet_gsa-r50/latest.pth')))
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs, val_interval=6)

@@ -9,6 +9,6 @@ from .version import __version__
 
 register_safe_globals()
 
-from . import models  # noqa: E402,F401  (registration)
+from . import classification, models  # noqa: E402,F401  (registration)
 
 __all__ = ['__version__', 'register_safe_globals']

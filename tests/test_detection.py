@@ -69,6 +69,18 @@ def test_missing_dataset_names_the_file(tmp_path):
         build_runner(cfg)
 
 
+def test_missing_pretrained_checkpoint_names_the_file(tiny_shapes):
+    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_imagenet-pretrained-36e_coco.py')
+    cfg = load_config(path, cfg_options=demo_options(tiny_shapes))
+    cfg.train_dataloader.dataset.ann_file = 'annotations/instances_train.json'
+    cfg.train_dataloader.dataset.data_prefix.img = 'train/'
+    for split in ('val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.ann_file = 'annotations/instances_val.json'
+        cfg[f'{split}_dataloader'].dataset.data_prefix.img = 'val/'
+    with pytest.raises(ConfigError, match=r'model.backbone.init_cfg.checkpoint not found: .*epoch_100.pth'):
+        build_runner(cfg)
+
+
 def test_annotation_that_is_not_coco_names_the_file(tiny_shapes, tmp_path):
     bad = tmp_path / 'annotations'
     bad.mkdir()

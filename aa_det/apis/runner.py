@@ -105,7 +105,28 @@ def check_datasets(cfg: Config):
             raise ConfigError(f'{name}.dataset image folder not found: {osp.join(root, img_dir)}')
 
 
+def check_pretrained(cfg: Config):
+    """Every local ``Pretrained`` checkpoint in the model config exists (URLs and
+    ``scheme://`` names are left to mmengine)."""
+    def visit(node, path):
+        if isinstance(node, dict):
+            if node.get('type') == 'Pretrained':
+                ckpt = node.get('checkpoint')
+                if isinstance(ckpt, str) and '://' not in ckpt and not osp.isfile(ckpt):
+                    raise ConfigError(f'{path}.checkpoint not found: {ckpt} (pretrain it with the '
+                                      f'classification path, or override it with --cfg-options)')
+            for key, value in node.items():
+                visit(value, f'{path}.{key}')
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                visit(value, f'{path}[{i}]')
+
+    visit(cfg.get('model', {}), 'model')
+
+
 def build_runner(cfg: Config) -> Runner:
-    """Check the data paths, then build mmengine's Runner (or the config's runner_type)."""
+    """Check the data and checkpoint paths, then build mmengine's Runner (or the
+    config's runner_type)."""
     check_datasets(cfg)
+    check_pretrained(cfg)
     return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

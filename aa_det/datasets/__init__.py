@@ -1,3 +1,3 @@
-from .synthetic_shapes import CLASSES, generate_shapes_coco
+from .synthetic_shapes import CLASSES, generate_shapes_coco, generate_shapes_folder
 
-__all__ = ["CLASSES", "generate_shapes_coco"]
+__all__ = ["CLASSES", "generate_shapes_coco", "generate_shapes_folder"]

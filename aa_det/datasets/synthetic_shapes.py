@@ -23,9 +23,7 @@ CLASSES = ('circle', 'square', 'triangle')
 
 def _scene(rng: np.random.Generator, size: int, max_objects: int):
     """One image (H, W, 3 uint8) and its [(x, y, w, h, class_index)] boxes."""
-    base = rng.integers(40, 120, size=3)
-    noise = rng.normal(0, 12, size=(size, size, 3))
-    image = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+    image = _background(rng, size)
     draw = ImageDraw.Draw(image)
     boxes = []
     for _ in range(rng.integers(1, max_objects + 1)):
@@ -35,15 +33,26 @@ def _scene(rng: np.random.Generator, size: int, max_objects: int):
         x1, y1 = x0 + side, y0 + side
         if any(x0 < bx + bw and bx < x1 and y0 < by + bh and by < y1 for bx, by, bw, bh, _ in boxes):
             continue  # no occlusion: every box shows its whole shape
-        colour = tuple(int(c) for c in rng.integers(150, 256, size=3))
-        if cls == 0:
-            draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=colour)
-        elif cls == 1:
-            draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=colour)
-        else:
-            draw.polygon([(x0, y1 - 1), (x1 - 1, y1 - 1), ((x0 + x1 - 1) / 2, y0)], fill=colour)
+        _draw_shape(draw, cls, (x0, y0, x1, y1), tuple(int(c) for c in rng.integers(150, 256, size=3)))
         boxes.append((x0, y0, side, side, cls))
     return image, boxes
+
+
+def _background(rng: np.random.Generator, size: int) -> Image.Image:
+    base = rng.integers(40, 120, size=3)
+    noise = rng.normal(0, 12, size=(size, size, 3))
+    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, cls: int, box, colour):
+    """Fill shape ``CLASSES[cls]`` exactly inside ``box = (x0, y0, x1, y1)`` (x1, y1 exclusive)."""
+    x0, y0, x1, y1 = box
+    if cls == 0:
+        draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=colour)
+    elif cls == 1:
+        draw.rectangle([x0, y0, x1 - 1, y1 - 1], fill=colour)
+    else:
+        draw.polygon([(x0, y1 - 1), (x1 - 1, y1 - 1), ((x0 + x1 - 1) / 2, y0)], fill=colour)
 
 
 def generate_shapes_coco(root: str, num_train: int = 400, num_val: int = 100,
@@ -82,4 +91,39 @@ def generate_shapes_coco(root: str, num_train: int = 400, num_val: int = 100,
                     categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
         with open(ann_file, 'w') as f:
             json.dump(coco, f)
+    return paths
+
+
+def generate_shapes_folder(root: str, num_per_class: int = 120, num_val_per_class: int = 40,
+                           image_size: int = 64, seed: int = 0) -> Dict[str, str]:
+    """Write a folder-layout classification set: ``root/{train,val}/<shape>/*.png``.
+
+    One shape per image, random size, position and colour; the class is the shape.
+    Existing folders with the same settings (``root/settings.json``) are reused.
+
+    Returns:
+        dict: split name -> folder.
+    """
+    settings = dict(num_per_class=num_per_class, num_val_per_class=num_val_per_class,
+                    image_size=image_size, seed=seed)
+    marker = osp.join(root, 'settings.json')
+    paths = {split: osp.join(root, split) for split in ('train', 'val')}
+    if osp.exists(marker):
+        with open(marker) as f:
+            if json.load(f) == settings:
+                return paths
+    for split, count in (('train', num_per_class), ('val', num_val_per_class)):
+        rng = np.random.default_rng([seed, 2 if split == 'train' else 3])
+        for cls, name in enumerate(CLASSES):
+            folder = osp.join(root, split, name)
+            os.makedirs(folder, exist_ok=True)
+            for i in range(count):
+                image = _background(rng, image_size)
+                side = int(rng.integers(image_size // 4, image_size // 2))
+                x0, y0 = (int(v) for v in rng.integers(0, image_size - side, size=2))
+                colour = tuple(int(c) for c in rng.integers(150, 256, size=3))
+                _draw_shape(ImageDraw.Draw(image), cls, (x0, y0, x0 + side, y0 + side), colour)
+                image.save(osp.join(folder, f'{i:05d}.png'))
+    with open(marker, 'w') as f:
+        json.dump(settings, f)
     return paths

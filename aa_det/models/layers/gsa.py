@@ -202,3 +202,49 @@ class GlobalSelfAttention2d(BaseModule):
         if self.stride == 2:
             out = F.avg_pool2d(out, 2, 2, ceil_mode=True)
         return out
+
+    def attention_weights(self, x: Tensor, queries: Tensor) -> dict:
+        """Per-head attention maps of chosen pixels, for visualisation (cf. AA Fig. 10).
+
+        Computed on a separate path; :meth:`forward` is unchanged by it.
+
+        * ``content``: weight of pixel ``j`` in query ``i``'s output,
+          ``q_i . softmax_positions(K)_j`` (eq. (1); not normalised, may be < 0).
+        * ``positional``: column then row weights composed, ``W[(x, y) <- (i, j)] =
+          (q_xy . R_row[j - y]) * (q_xj . R_col[i - x])`` (eq. (2)); the norm
+          between the two sub-layers is a per-channel affine map and is left out.
+
+        Args:
+            x (Tensor): ``[B, C, H, W]`` input of this module.
+            queries (Tensor): ``[P, 2]`` long (row, col) pixel positions.
+
+        Returns:
+            dict[str, Tensor]: maps of shape ``[B, Nh, P, H, W]``.
+        """
+        q, k, _ = self.qkv_heads(x)
+        B, Nh, _, H, W = q.shape
+        rows, cols = queries[:, 0], queries[:, 1]
+        q_p = q[..., rows, cols]  # [B, Nh, dkh, P]
+        maps = {}
+        if 'content' in self.components:
+            k_soft = k.flatten(-2).softmax(-1)  # [B, Nh, dkh, HW]
+            maps['content'] = torch.einsum('bnkp,bnkq->bnpq', q_p, k_soft).reshape(B, Nh, -1, H, W)
+        col = row = None
+        if 'column' in self.components:
+            emb = self.rel_col[relative_index(H, (self.rel_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
+            # column weights of every pixel (x_p, j) of the query's row, over rows i
+            col = torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb)  # [B, Nh, P, H, W]
+        if 'row' in self.components:
+            emb = self.rel_row[relative_index(W, (self.rel_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
+            row = torch.einsum('bnkp,pjk->bnpj', q_p, emb)  # [B, Nh, P, W]
+        if col is not None and row is not None:
+            maps['positional'] = col * row[:, :, :, None, :]
+        elif col is not None:  # column only: the query's own column
+            mask = torch.zeros(len(cols), 1, W, dtype=col.dtype, device=col.device)
+            mask[torch.arange(len(cols)), 0, cols] = 1
+            maps['positional'] = col * mask
+        elif row is not None:  # row only: the query's own row
+            out = torch.zeros(B, Nh, len(rows), H, W, dtype=row.dtype, device=row.device)
+            out[:, :, torch.arange(len(rows)), rows, :] = row
+            maps['positional'] = out
+        return maps

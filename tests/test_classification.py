@@ -1,0 +1,98 @@
+"""The ImageNet classification path and the handoff of its checkpoints to detection."""
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
+
+from aa_det.apis import build_runner, load_config
+from aa_det.classification import ImageNetFolder, TopKAccuracy
+from aa_det.datasets import generate_shapes_folder
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(ROOT, 'configs/imagenet/aa-r18_shapes-cls_demo.py')
+DET_DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    return generate_shapes_folder(str(tmp_path_factory.mktemp('cls')), num_per_class=8,
+                                  num_val_per_class=4, image_size=48)
+
+
+def _options(paths, **extra):
+    options = {'train_dataloader.dataset.data_root': paths['train'],
+               'val_dataloader.dataset.data_root': paths['val'],
+               'test_dataloader.dataset.data_root': paths['val']}
+    for split in ('train', 'val', 'test'):
+        options.update({f'{split}_dataloader.num_workers': 0, f'{split}_dataloader.persistent_workers': False})
+    options.update(extra)
+    return options
+
+
+def test_classifier_checkpoint_loads_into_detector_backbone(shapes, tmp_path):
+    """Pretrain (1 epoch, real Runner), then Pretrained(prefix='backbone.') in a detector."""
+    runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(
+        shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8})))
+    runner.train()
+    ckpt = str(tmp_path / 'epoch_1.pth')
+    assert 'accuracy/top1' in runner.test()
+
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    det_cfg = load_config(DET_DEMO)
+    det_cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=ckpt, prefix='backbone.')
+    init_default_scope('mmdet')
+    det_cfg.model.backbone.base_channels = 16  # the classification demo's width
+    det_cfg.model.backbone.attention = dict(num_heads=2, min_key_dim_per_head=8)
+    det_cfg.model.neck.in_channels = [16, 32, 64, 128]
+    detector = MODELS.build(det_cfg.model)
+    pretrained = _load_checkpoint_with_prefix('backbone.', ckpt, map_location='cpu')
+    own = detector.backbone.state_dict()
+    assert set(pretrained) == set(own), (set(pretrained) ^ set(own))  # no missing / unexpected keys
+    detector.init_weights()
+    for key, value in pretrained.items():
+        torch.testing.assert_close(own[key], value, msg=key)
+
+
+def test_topk_accuracy():
+    metric = TopKAccuracy(topk=(1, 2))
+    scores = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.2, 0.3, 0.5]])
+    metric.process(None, [dict(pred_score=s, gt_label=torch.tensor(l)) for s, l in zip(scores, [1, 2, 0])])
+    assert metric.compute_metrics(metric.results) == {'top1': pytest.approx(100 / 3), 'top2': pytest.approx(200 / 3)}
+
+
+def test_dataset_layouts_and_errors(shapes, tmp_path):
+    ds = ImageNetFolder(shapes['train'], crop_size=32)
+    assert ds.classes == ['circle', 'square', 'triangle'] and len(ds) == 24
+    item = ds[0]
+    assert item['inputs'].shape == (3, 32, 32) and item['inputs'].dtype == torch.uint8
+    # flat layout with a label file
+    (tmp_path / 'labels.txt').write_text(f'{shapes["val"]}/circle/00000.png 0\n{shapes["val"]}/square/00000.png 1\n')
+    flat = ImageNetFolder('/', ann_file=str(tmp_path / 'labels.txt'), num_classes=3, train=False, crop_size=32,
+                          resize_size=32)
+    assert [label for _, label in flat.samples] == [0, 1]
+    (tmp_path / 'bad_labels.txt').write_text('a.png 7\n')
+    with pytest.raises(ValueError, match=r'bad_labels.txt:1: label 7 outside \[0, 3\)'):
+        ImageNetFolder(str(tmp_path), ann_file='bad_labels.txt', num_classes=3)
+    empty = tmp_path / 'empty_root'
+    (empty / 'cat').mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match='class folder has no images: .*cat'):
+        ImageNetFolder(str(empty))
+    corrupt = tmp_path / 'corrupt' / 'dog'
+    corrupt.mkdir(parents=True)
+    (corrupt / 'x.png').write_bytes(b'not an image')
+    with pytest.raises(OSError, match='cannot decode image .*x.png'):
+        ImageNetFolder(str(tmp_path / 'corrupt'))[0]
+
+
+@pytest.mark.slow
+def test_classification_demo_learns(tmp_path):
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/demo_classification.py'),
+                          '--data-root', str(tmp_path / 'data'), '--work-dir', str(tmp_path / 'work')],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    top1 = float(out.stdout.strip().splitlines()[-1].split('top-1 = ')[1].split('%')[0])
+    assert top1 >= 60.0  # chance is 33.3%

@@ -168,11 +168,20 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
         cols = torch.arange(N, device=q.device) % W
         one_h = F.one_hot(rows, H).to(k.dtype).expand(*k.shape[:2], N, H)  # [B, Nh, HW, H]
         one_w = F.one_hot(cols, W).to(k.dtype).expand(*k.shape[:2], N, W)  # [B, Nh, HW, W]
-        pad = -(q.shape[-1] + H + W) % 8  # fused kernels want head dims in multiples of 8
-        zeros = q.new_zeros(*q.shape[:-1], pad)
-        q = torch.cat([q, rel_h, rel_w, zeros], dim=-1)  # [B, Nh, HW, d + H + W + pad]
-        k = torch.cat([k, one_h, one_w, zeros.expand(*k.shape[:-1], pad)], dim=-1)
-    return F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        q = torch.cat([q, rel_h, rel_w], dim=-1)  # [B, Nh, HW, d + H + W]
+        k = torch.cat([k, one_h, one_w], dim=-1)
+    # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
+    # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
+    q, k = _pad_last(q, 8), _pad_last(k, 8)  # zeros add nothing to q . k
+    dv = v.shape[-1]
+    out = F.scaled_dot_product_attention(q, k, _pad_last(v, 8), scale=1.0)
+    return out[..., :dv]
+
+
+def _pad_last(t: Tensor, multiple: int) -> Tensor:
+    """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``."""
+    pad = -t.shape[-1] % multiple
+    return F.pad(t, (0, pad)) if pad else t
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],

@@ -1,0 +1,155 @@
+"""Training-step time, peak memory and inference time of RetinaNet with ResNet-50,
+AA-ResNet-50 and GSA-ResNet-50, side by side in one run, as ratios to ResNet-50.
+
+Models come from the COCO configs (``configs/retinanet/*_scratch-150e_coco.py``, BN
+in one process); inputs are random images with random boxes, so no data is read.
+
+* train: 640x640 crops (the from-scratch recipe's size), batch 2, one SGD step
+  (data preprocessor, forward, focal + L1 losses, backward, update).
+* infer: one ~1333x800 image (padded to 1344x800), ``mode='predict'`` with NMS.
+
+Each model runs in its own process so that its peak memory is its own
+(``torch.cuda.max_memory_allocated`` on CUDA, peak RSS growth on the CPU).
+
+    .venv/bin/python benchmarks/detection_speed.py                  # CPU
+    .venv/bin/python benchmarks/detection_speed.py --device cuda --steps 20
+"""
+import argparse
+import json
+import os.path as osp
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = {
+    'ResNet-50': 'configs/retinanet/retinanet_r50_fpn_scratch-150e_coco.py',
+    'AA-ResNet-50': 'configs/retinanet/retinanet_aa-r50_fpn_scratch-150e_coco.py',
+    'GSA-ResNet-50': 'configs/retinanet/retinanet_gsa-r50_fpn_scratch-150e_coco.py',
+}
+
+
+def _batch(model, batch, height, width, device, seed):
+    """Random uint8 images and 1-5 random boxes each, through the detector's preprocessor."""
+    import torch
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    g = torch.Generator().manual_seed(seed)
+    inputs, samples = [], []
+    for _ in range(batch):
+        inputs.append(torch.randint(0, 256, (3, height, width), generator=g, dtype=torch.uint8))
+        n = int(torch.randint(1, 6, (1,), generator=g))
+        xy = torch.rand(n, 2, generator=g) * torch.tensor([width * 0.7, height * 0.7])
+        wh = (torch.rand(n, 2, generator=g) * 0.25 + 0.05) * torch.tensor([width, height])
+        sample = DetDataSample(metainfo=dict(img_shape=(height, width), ori_shape=(height, width),
+                                             scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(bboxes=torch.cat([xy, xy + wh], 1),
+                                           labels=torch.randint(0, 80, (n,), generator=g))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def _sync(device):
+    import torch
+    if device == 'cuda':
+        torch.cuda.synchronize()
+
+
+def run_case(name, device, steps, warmup, amp, aa_impl=None):
+    """Time ``steps`` training steps and inferences of one model; returns a dict."""
+    import torch
+    from mmdet.registry import MODELS
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import init_default_scope
+
+    from aa_det.apis import load_config
+    cfg = load_config(osp.join(ROOT, CONFIGS[name]))
+    if aa_impl and cfg.model.backbone.type == 'AAResNet':
+        cfg.model.backbone.attention = dict(impl=aa_impl)
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).to(device)
+    model.init_weights()
+    optim_cfg = dict(cfg.optim_wrapper)
+    if amp:
+        optim_cfg.update(type='AmpOptimWrapper',
+                         **({'dtype': 'bfloat16'} if device == 'cpu' else {'loss_scale': 'dynamic'}))
+    optim = build_optim_wrapper(model, optim_cfg)
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+
+    model.train()
+    train_times = []
+    for step in range(warmup + steps):
+        data = model.data_preprocessor(_batch(model, 2, 640, 640, device, step), training=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        with optim.optim_context(model):
+            losses = model(**data, mode='loss')
+        loss, _ = model.parse_losses(losses)
+        optim.update_params(loss)
+        _sync(device)
+        if step >= warmup:
+            train_times.append(time.perf_counter() - t0)
+    if device == 'cuda':
+        train_peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+    else:
+        train_peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 2 ** 20
+
+    model.eval()
+    infer_times = []
+    with torch.no_grad():
+        for step in range(warmup + steps):
+            data = model.data_preprocessor(_batch(model, 1, 800, 1333, device, 1000 + step), training=False)
+            _sync(device)
+            t0 = time.perf_counter()
+            model(**data, mode='predict')
+            _sync(device)
+            if step >= warmup:
+                infer_times.append(time.perf_counter() - t0)
+    return dict(params_m=params, train_s=statistics.median(train_times), train_peak_gib=train_peak,
+                infer_s=statistics.median(infer_times), loss=float(loss))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
+    parser.add_argument('--steps', type=int, default=3, help='timed steps per model (median)')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--amp', action='store_true', help='fp16 (CUDA) / bf16 (CPU) autocast')
+    parser.add_argument('--models', nargs='+', default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument('--aa-impl', choices=['auto', 'blocked', 'sdpa', 'materialized'],
+                        help="AA attention kernel (AAConv2d's impl); default: 'auto'")
+    parser.add_argument('--case', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        import aa_det  # noqa: F401  (registers the backbones)
+        print(json.dumps(run_case(args.case, args.device, args.steps, args.warmup, args.amp, args.aa_impl)))
+        return
+    print(f'device={args.device} amp={args.amp} aa_impl={args.aa_impl or "auto"}  RetinaNet+FPN, 80 classes, '
+          f'BN; median of {args.steps} steps after {args.warmup} warm-up')
+    print(f'{"backbone":<14} {"params":>7} | {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
+          f'{"infer s":>8} {"x R50":>6}')
+    base = None
+    for name in args.models:
+        cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
+               '--warmup', str(args.warmup)] + (['--amp'] if args.amp else []) \
+            + (['--aa-impl', args.aa_impl] if args.aa_impl else [])
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f'{name:<14} failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "?"}')
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        base = base or r
+        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["train_s"]:10.3f} {r["train_s"] / base["train_s"]:6.2f} '
+              f'{r["train_peak_gib"]:9.2f} {r["train_peak_gib"] / base["train_peak_gib"]:6.2f} | '
+              f'{r["infer_s"]:8.3f} {r["infer_s"] / base["infer_s"]:6.2f}', flush=True)
+
+
+if __name__ == '__main__':
+    main()

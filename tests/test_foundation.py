@@ -96,3 +96,18 @@ def test_tools_fail_clearly_outside_the_environment(tmp_path):
     assert out.returncode == 2
     assert "required package 'torch' is not installed" in out.stderr
     assert 'bash tools/setup_env.sh' in out.stderr and 'Traceback' not in out.stderr
+
+
+@pytest.mark.parametrize('tool, args', [
+    ('train.py', ['configs/nope.py']),
+    ('test.py', ['configs/nope.py', 'nope.pth']),
+    ('test.py', ['configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py', 'missing.pth']),
+    ('train.py', ['configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py', '--resume', 'missing.pth']),
+])
+def test_tools_report_bad_config_in_one_line(tool, args, tmp_path):
+    """A missing config or checkpoint: exit 2, one `aa_det:` line naming it, no traceback."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', tool), *args, '--work-dir', str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert 'Traceback' not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.startswith('aa_det: ') and ('nope.py' in out.stderr or 'missing.pth' in out.stderr)

@@ -31,3 +31,13 @@ def require_env():
         import aa_det  # noqa: F401
     except ImportError as e:
         _die(f'the aa_det package cannot be imported ({e}).')
+
+
+def run_cli(main):
+    """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) exits 2 with one line."""
+    from aa_det.apis import ConfigError
+    try:
+        main()
+    except ConfigError as e:
+        sys.stderr.write(f'aa_det: {e}\n')
+        raise SystemExit(2) from None

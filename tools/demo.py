@@ -13,7 +13,7 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+from _env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
@@ -60,4 +60,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -9,13 +9,13 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+from _env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.apis import build_runner, load_config  # noqa: E402
+from aa_det.apis import ConfigError, build_runner, load_config  # noqa: E402
 
 
 def parse_args():
@@ -35,10 +35,10 @@ def parse_args():
 
 def main():
     args = parse_args()
-    if not osp.isfile(args.checkpoint):
-        raise SystemExit(f'aa_det: checkpoint file not found: {args.checkpoint}')
     cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                       launcher=args.launcher)
+    if not osp.isfile(args.checkpoint):
+        raise ConfigError(f'checkpoint file not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint
     if args.out:
         cfg.test_evaluator = [cfg.test_evaluator] if isinstance(cfg.test_evaluator, dict) \
@@ -48,4 +48,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -16,7 +16,7 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+from _env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
@@ -27,7 +27,7 @@ from mmdet.registry import DATASETS, VISUALIZERS  # noqa: E402
 from mmdet.utils.misc import IMG_EXTENSIONS  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.apis import ConfigError, load_config  # noqa: E402
+from aa_det.apis import load_config  # noqa: E402
 
 
 def parse_args():
@@ -101,10 +101,7 @@ def main():
     images = list_images(args.images)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         raise SystemExit(f'aa_det: --device {args.device}: CUDA is not available here; use --device cpu')
-    try:
-        cfg = load_config(args.config, cfg_options=args.cfg_options)
-    except ConfigError as e:
-        raise SystemExit(f'aa_det: {e}') from None
+    cfg = load_config(args.config, cfg_options=args.cfg_options)
 
     has_classes = checkpoint_has_classes(args.checkpoint)
     model = init_detector(cfg, args.checkpoint, device=args.device)
@@ -149,4 +146,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

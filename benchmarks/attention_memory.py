@@ -1,8 +1,8 @@
 """Time and peak memory of one AA attention forward+backward: naive vs real path.
 
 The naive form is the AA paper's (all B*Nh*(HW)^2 logits at once, appendix A.3);
-the real path is what AAConv2d runs (`impl='auto'`: blocked on the CPU, folded
-SDPA on CUDA). Nh = 8, dkh = dvh = 20. Each case runs in its own process so that
+the real path is what AAConv2d runs (`impl='auto'`: blocked on the CPU; on CUDA
+one materialised block when the logits fit in it, folded fused SDPA above that). Nh = 8, dkh = dvh = 20. Each case runs in its own process so that
 peak RSS (CPU) is that case's alone; on CUDA, torch.cuda.max_memory_allocated.
 
     .venv/bin/python benchmarks/attention_memory.py            # CPU

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from aa_det.models.layers import AAConv2d, aa_channels
-from aa_det.models.layers.relative_attention import relative_attention
+from aa_det.models.layers.relative_attention import choose_impl, relative_attention
 
 
 def _inputs(B=2, Nh=3, H=5, W=7, d=4, dv=6, max_dist=4, seed=0):
@@ -165,20 +165,27 @@ def test_channel_rule_reproduces_table9():
                                                                           (160, 48)]
 
 
+def test_auto_picks_bounded_kernels():
+    """CPU: always 'blocked'; CUDA: one materialised block when it fits, else fused SDPA."""
+    assert choose_impl('cpu', 10 ** 12) == 'blocked'
+    assert choose_impl('cuda', 2 * 8 * 400 ** 2) == 'blocked'  # stage 4 of a 640 crop
+    assert choose_impl('cuda', 2 * 8 * 1600 ** 2) == 'sdpa'  # stage 3: 40x40
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
 
 @cuda
 @pytest.mark.parametrize('H,W', [(5, 7), (1, 1), (17, 12)])
-def test_cuda_default_path_matches_reference(H, W):
-    """'auto' on CUDA (the folded fused-SDPA kernel) against the float64 CPU reference."""
+def test_cuda_fused_path_matches_reference(H, W):
+    """The folded fused-SDPA kernel (CUDA default for large maps) against the float64 reference."""
     q, k, v, th, tw = _inputs(H=H, W=W, max_dist=6, dv=3)  # value head dims like AA-ResNet-50's
     ref = relative_attention(q, k, v, th, tw, H, W, impl='materialized')
     ref_g = torch.autograd.grad(ref.square().sum(), (q, k, v, th, tw))
     dev = [t.detach().float().cuda().requires_grad_() for t in (q, k, v, th, tw)]
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):  # fails rather than fall back to math
-        out = relative_attention(*dev, H, W)
+        out = relative_attention(*dev, H, W, impl='sdpa')
     g = torch.autograd.grad(out.square().sum(), dev)
     torch.testing.assert_close(out.double().cpu(), ref, rtol=1e-4, atol=1e-4)
     for a, b in zip(g, ref_g):

@@ -3,6 +3,7 @@ import glob
 import json
 import os
 import os.path as osp
+import socket
 import subprocess
 import sys
 
@@ -61,6 +62,18 @@ def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
     assert torch.isfinite(torch.tensor(loss))
     metrics = runner.test()
     assert 'coco/bbox_mAP_50' in metrics  # pycocotools ran on the real annotation file
+
+
+@pytest.mark.parametrize('launcher', ['none', 'pytorch'])
+def test_syncbn_configs_run_without_gpus(launcher):
+    """The paper's SyncBN configs: BN in one process, and in a CPU process group (DDP, no device ids)."""
+    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_scratch-150e_coco.py')
+    assert 'SyncBN' in open(osp.join(ROOT, 'configs/_base_/models/retinanet_r50_fpn_scratch.py')).read()
+    cfg = load_config(path, launcher=launcher)
+    if not torch.cuda.is_available() or launcher == 'none':
+        assert 'SyncBN' not in str(cfg.model) and cfg.model.backbone.norm_cfg.type == 'BN'
+    if launcher == 'pytorch' and not torch.cuda.is_available():
+        assert cfg.env_cfg.dist_cfg.backend == 'gloo' and cfg.model_wrapper_cfg.device_ids is None
 
 
 def test_missing_dataset_names_the_file(tmp_path):
@@ -161,11 +174,16 @@ def test_resume_mid_run_restores_iteration_optimizer_and_schedule(tiny_shapes, t
 
 @pytest.mark.slow
 def test_two_process_distributed_run(tiny_shapes, tmp_path):
-    """torchrun, gloo on the CPU: 2 processes x batch 2 = total batch 4."""
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', '--master_port=29533',
+    """torchrun, gloo on the CPU: 2 processes x batch 2 = total batch 4 (8 images: 2 iterations)."""
+    with socket.socket() as sock:  # a free port: a fixed one may still be held by an earlier run
+        sock.bind(('127.0.0.1', 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={port}',
            osp.join(ROOT, 'tools/train.py'), DEMO, '--launcher', 'pytorch', '--work-dir', str(tmp_path),
            '--cfg-options'] + [f'{k}={v}' for k, v in demo_options(
-               tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 2}).items()]
+               tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 2,
+                               # one step in, keep every box so CocoMetric has results to score
+                               'model.test_cfg.score_thr': 0.0}).items()]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert out.returncode == 0, out.stderr[-3000:]
     log = open(glob.glob(str(tmp_path / '*' / '*.log'))[0]).read()

@@ -4,6 +4,7 @@ import os.path as osp
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -30,8 +31,9 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
                 resume: Optional[str] = None) -> Config:
     """Read a config and apply the command-line semantics of mmdet's tools.
 
-    * ``launcher='none'``: SyncBN -> BN (SyncBN cannot run in a single process).
-    * no CUDA: the gloo backend for distributed runs.
+    * ``launcher='none'`` or no CUDA: SyncBN -> BN (SyncBN runs only on GPUs in
+      a process group).
+    * no CUDA: distributed runs on the CPU (gloo, DDP without device ids).
     * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale on CUDA,
       bf16 autocast on the CPU).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
@@ -46,10 +48,16 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
-    if launcher == 'none':
+    if launcher == 'none' or not torch.cuda.is_available():
         _replace_norm(cfg.model, 'SyncBN', 'BN')
     if not torch.cuda.is_available() and cfg.get('env_cfg', {}).get('dist_cfg'):
         cfg.env_cfg.dist_cfg.backend = 'gloo'
+    if launcher != 'none' and not torch.cuda.is_available() and cfg.get('model_wrapper_cfg') is None:
+        # mmengine passes device_ids=[LOCAL_RANK], which DDP rejects for a CPU model;
+        # a config value wins over the Runner's default arguments.
+        cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
+                                     broadcast_buffers=False,
+                                     find_unused_parameters=cfg.get('find_unused_parameters', False))
     if amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         if torch.cuda.is_available():
@@ -129,4 +137,8 @@ def build_runner(cfg: Config) -> Runner:
     config's runner_type)."""
     check_datasets(cfg)
     check_pretrained(cfg)
+    if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
+        # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the
+        # Runner skips it when a process group exists, so start gloo here (torchrun's env://).
+        dist.init_process_group(backend='gloo')
     return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

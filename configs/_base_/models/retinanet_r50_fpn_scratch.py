@@ -1,7 +1,7 @@
 # RetinaNet + FPN trained from scratch (AA paper Sec. 4.4): no pretrained weights,
 # no frozen stages, norm layers train (norm_eval=False) in backbone, neck and head.
 # SyncBN is the paper's multi-GPU setting; tools/train.py turns it into BN when the
-# run has a single process (SyncBN cannot run there).
+# run has a single process or no GPU (SyncBN cannot run there).
 norm_cfg = dict(type='SyncBN', requires_grad=True)
 model = dict(
     type='RetinaNet',

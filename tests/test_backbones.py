@@ -119,3 +119,18 @@ def test_attention_layers_sit_where_the_papers_put_them():
     gsa = build('GSAResNet', 50)
     assert all(isinstance(b.conv2, GlobalSelfAttention2d) for layer in (gsa.layer1, gsa.layer4) for b in layer)
     assert [gsa.layer1[0].conv2.stride, gsa.layer2[0].conv2.stride, gsa.layer2[1].conv2.stride] == [1, 2, 1]
+
+
+def test_complexity_tool_matches_papers_tables():
+    """tools/complexity.py: every row's parameters within 1% and GFLOPs within 5% of the paper's."""
+    import os.path as osp
+    import subprocess
+    import sys
+    tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'complexity.py')
+    out = subprocess.run([sys.executable, tool], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert len(rows) == 12
+    for row in rows:
+        params_ratio, flops_ratio = float(row[-6]), float(row[-3])  # source is 2 words
+        assert abs(params_ratio - 1) <= 0.01 and abs(flops_ratio - 1) <= 0.05, row

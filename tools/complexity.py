@@ -49,7 +49,8 @@ def _softmax_flops(*args, out_shape=None, **kwargs):
 
 def complexity(backbone_cfg):
     """(params in M, GFLOPs) of backbone + pool + 1000-way fc at 1x3x224x224."""
-    backbone = MODELS.build(backbone_cfg).eval()
+    backbone = MODELS.build(backbone_cfg)
+    backbone.eval()  # mmdet's ResNet.train() returns None, so no chaining
     fc = torch.nn.Linear(backbone.feat_dim, 1000)
     params = sum(p.numel() for p in backbone.parameters()) + sum(p.numel() for p in fc.parameters())
     counter = FlopCounterMode(display=False, custom_mapping={

@@ -33,21 +33,33 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
 
 
 def test_blocked_path_never_materialises_full_logits(monkeypatch):
-    """With a small block bound, no softmax input exceeds the bound."""
+    """With a small block bound, no logits block exceeds it, in the forward or the backward."""
     from aa_det.models.layers import relative_attention as ra
     seen = []
-    real = ra.attention_materialized
+    real = ra._block_probs
 
     def spy(q, k, *args):
         seen.append(q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
         return real(q, k, *args)
 
-    monkeypatch.setattr(ra, 'attention_materialized', spy)
+    monkeypatch.setattr(ra, '_block_probs', spy)
     q, k, v, th, tw = _inputs(H=9, W=11)
     bound = 2 * 3 * 99 * 10
     out = ra.relative_attention(q, k, v, th, tw, 9, 11, impl='blocked', block_elems=bound)
+    forward_calls = len(seen)
     out.sum().backward()
-    assert seen and max(seen) <= bound < 2 * 3 * 99 * 99
+    assert forward_calls == 10 and len(seen) == 20  # ceil(99 / 10) blocks in each pass
+    assert max(seen) <= bound < 2 * 3 * 99 * 99
+
+
+def test_blocked_path_without_position_encoding_matches_reference():
+    q, k, v, _, _ = _inputs(H=4, W=6)
+    outs = [relative_attention(q, k, v, None, None, 4, 6, impl=impl, block_elems=2 * 3 * 24 * 5)
+            for impl in ('reference', 'blocked')]
+    grads = [torch.autograd.grad(o.sin().sum(), (q, k, v)) for o in outs]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
 def _conv(position, **kw):
@@ -166,9 +178,9 @@ def test_channel_rule_reproduces_table9():
 
 
 def test_auto_picks_bounded_kernels():
-    """CPU: always 'blocked'; CUDA: one materialised block when it fits, else fused SDPA."""
-    assert choose_impl('cpu', 10 ** 12) == 'blocked'
-    assert choose_impl('cuda', 2 * 8 * 400 ** 2) == 'blocked'  # stage 4 of a 640 crop
+    """CPU: always 'blocked'; CUDA: materialised up to 64 MiB of logits, else fused SDPA."""
+    assert choose_impl('cpu', 10 ** 12) == choose_impl('cpu', 10) == 'blocked'
+    assert choose_impl('cuda', 2 * 8 * 400 ** 2) == 'materialized'  # stage 4 of a 640 crop
     assert choose_impl('cuda', 2 * 8 * 1600 ** 2) == 'sdpa'  # stage 3: 40x40
 
 

@@ -21,14 +21,15 @@ Four exact implementations of one function; `relative_attention` picks one:
 
 * :func:`attention_reference` - loops straight from eq. (3); slow, for tests.
 * :func:`attention_materialized` - the paper's form: all logits at once.
-* :func:`attention_blocked` - query blocks whose logits are recomputed in the
-  backward pass (activation checkpointing), so peak memory grows linearly in HW.
+* :func:`attention_blocked` - query blocks; the forward keeps each query's
+  log-sum-exp and the backward recomputes one block of logits at a time
+  (flash-attention style), so peak memory grows linearly in HW.
   Default on the CPU, where ``flex_attention`` has no backward and SDPA with an
   additive bias materialises the bias.
 * :func:`attention_sdpa_folded` - the relative tables are folded into plain
   dot-product attention (``q' = [q, rel_h, rel_w]``, ``k' = [k, onehot(h_j),
-  onehot(w_j)]``), which fused CUDA kernels accept; default on CUDA when the
-  logits exceed one block (:func:`choose_impl`).
+  onehot(w_j)]``), which fused CUDA kernels accept; default on CUDA for large
+  maps (:func:`choose_impl`).
 """
 import math
 from typing import Optional, Tuple
@@ -36,10 +37,14 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
-#: Default bound on ``B * Nh * queries * keys`` logits held at once (64 MiB in fp32).
-DEFAULT_BLOCK_ELEMS = 1 << 24
+#: Default bound on ``B * Nh * queries * keys`` logits held at once (8 MiB in fp32). Small
+#: blocks are also the fast choice on the CPU: they stay below glibc's mmap threshold, so
+#: their memory is reused instead of page-faulted in afresh (2x faster than 64 MiB blocks).
+DEFAULT_BLOCK_ELEMS = 1 << 21
+#: On CUDA, logits up to this many are materialised at once (64 MiB in fp32), see choose_impl.
+CUDA_MATERIALIZE_ELEMS = 1 << 24
 
 
 def relative_index(length: int, max_dist: int, device=None) -> Tensor:
@@ -129,30 +134,84 @@ def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tens
     return logits.softmax(-1) @ v
 
 
+def _block_probs(q: Tensor, k: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor], H: int,
+                 W: int, lse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Softmax probabilities of one query block and their log-sum-exp.
+
+    Args:
+        q (Tensor): ``[B, Nh, n, d]`` a block of ``n`` queries; k (Tensor): ``[B, Nh, HW, d]``.
+        lse (Tensor | None): ``[B, Nh, n]`` known log-sum-exp (backward), else computed.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``[B, Nh, n, HW]`` probabilities and ``[B, Nh, n]`` lse.
+    """
+    logits = _add_relative(q @ k.transpose(-1, -2), rel_h, rel_w, H, W)  # [B, Nh, n, HW]
+    if lse is None:
+        lse = torch.logsumexp(logits, -1)
+    return logits.sub_(lse.unsqueeze(-1)).exp_(), lse
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """Exact attention one query block at a time, flash-style (Dao et al., 2022).
+
+    The forward keeps only the output and each query's log-sum-exp; the backward
+    recomputes one block of probabilities at a time and uses
+    ``dS = P * (dP - rowsum(dO * O))``. No more than ``rows`` query rows of logits
+    exist at any moment, in either pass.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, H, W, rows):
+        B, Nh, N, _ = q.shape
+        out = v.new_empty(B, Nh, N, v.shape[-1])  # [B, Nh, HW, dv]
+        lse = q.new_empty(B, Nh, N)
+        for sl in (slice(s, s + rows) for s in range(0, N, rows)):
+            p, lse[:, :, sl] = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W)
+            out[:, :, sl] = p @ v
+        ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
+        ctx.H, ctx.W, ctx.rows = H, W, rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
+        H, W, rows = ctx.H, ctx.W, ctx.rows
+        B, Nh, N, _ = q.shape
+        delta = (grad_out * out).sum(-1)  # [B, Nh, HW]: rowsum(dO * O) = rowsum(P * dP)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        d_rel_h = None if rel_h is None else torch.empty_like(rel_h)  # [B, Nh, HW, H]
+        d_rel_w = None if rel_w is None else torch.empty_like(rel_w)  # [B, Nh, HW, W]
+        for sl in (slice(s, s + rows) for s in range(0, N, rows)):
+            p, _ = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W, lse[:, :, sl])
+            dv += p.transpose(-1, -2) @ grad_out[:, :, sl]
+            ds = (grad_out[:, :, sl] @ v.transpose(-1, -2)).sub_(delta[:, :, sl, None]).mul_(p)  # [B, Nh, n, HW]
+            dq[:, :, sl] = ds @ k
+            dk += ds.transpose(-1, -2) @ q[:, :, sl]
+            if rel_h is not None:
+                ds = ds.view(B, Nh, -1, H, W)
+                d_rel_h[:, :, sl], d_rel_w[:, :, sl] = ds.sum(-1), ds.sum(-2)
+        return dq, dk, dv, d_rel_h, d_rel_w, None, None, None
+
+
+def _rows(t: Optional[Tensor], sl: slice) -> Optional[Tensor]:
+    return None if t is None else t[:, :, sl]
+
+
 def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
                       rel_w: Optional[Tensor], H: int, W: int,
                       block_elems: int = DEFAULT_BLOCK_ELEMS) -> Tensor:
     """Exact attention over query blocks of at most ``block_elems`` logits.
 
     When all logits fit in one block this is :func:`attention_materialized`.
-    Otherwise each query block is wrapped in activation checkpointing: its
-    logits live only while the block is computed, in the forward and again in
-    the backward pass, so peak memory is ``O(HW * (d + H + W) + block_elems)``.
+    Otherwise :class:`_BlockedAttention`: peak memory is
+    ``O(HW * (d + H + W) + block_elems)`` in the forward and the backward pass.
     """
     B, Nh, N, _ = q.shape
     rows = max(1, block_elems // max(1, B * Nh * N))
     if rows >= N:
         return attention_materialized(q, k, v, rel_h, rel_w, H, W)
-    outs = []
-    for start in range(0, N, rows):
-        sl = slice(start, start + rows)
-        args = (q[:, :, sl], k, v, None if rel_h is None else rel_h[:, :, sl],
-                None if rel_w is None else rel_w[:, :, sl], H, W)
-        if torch.is_grad_enabled():
-            outs.append(checkpoint(attention_materialized, *args, use_reentrant=False))
-        else:
-            outs.append(attention_materialized(*args))
-    return torch.cat(outs, dim=2)  # [B, Nh, HW, dv]
+    return _BlockedAttention.apply(q, k, v, rel_h, rel_w, H, W, rows)  # [B, Nh, HW, dv]
 
 
 def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
@@ -185,19 +244,21 @@ def _pad_last(t: Tensor, multiple: int) -> Tensor:
     return F.pad(t, (0, pad)) if pad else t
 
 
-def choose_impl(device_type: str, num_logits: int, block_elems: int = DEFAULT_BLOCK_ELEMS) -> str:
+def choose_impl(device_type: str, num_logits: int) -> str:
     """The fastest exact kernel for ``num_logits = B * Nh * (HW)^2`` on a device.
 
-    * CPU: 'blocked' (one materialised block when the logits fit, query blocks
-      under checkpointing otherwise): no fused kernel has a backward there.
-    * CUDA: 'blocked' too while all logits fit in one block (small maps such as
-      ImageNet's 14x14 and 7x7), where the plain matmuls beat the folded kernel's
-      ``H + W`` extra head dims (H100, RetinaNet AA-R50 at 640x640: 0.085 s per step
-      materialised vs 0.114 s folded); above that 'sdpa', whose fused kernel
-      never stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
+    * CPU: 'blocked', for all sizes: no fused kernel has a backward there, and its
+      8 MiB blocks beat the materialised form where both fit (2x at 40x40 and
+      80x80 on 2 cores, ``benchmarks/attention_memory.py``).
+    * CUDA: 'materialized' while the logits are at most ``CUDA_MATERIALIZE_ELEMS``
+      (64 MiB: small maps such as stage 4 and ImageNet's 14x14), where plain
+      matmuls beat the folded kernel's ``H + W`` extra head dims (H100, RetinaNet
+      AA-R50 at 640x640: 0.085 s per step materialised vs 0.114 s folded); above
+      that 'sdpa', whose fused kernel never stores the logits (one 8-head layer at
+      128x128: 0.8 GiB vs 32 GiB).
     """
-    if device_type == 'cuda' and num_logits > block_elems:
-        return 'sdpa'
+    if device_type == 'cuda':
+        return 'materialized' if num_logits <= CUDA_MATERIALIZE_ELEMS else 'sdpa'
     return 'blocked'
 
 
@@ -224,7 +285,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     out_dtype = v.dtype
     if impl == 'auto':
         B, Nh, N, _ = q.shape
-        impl = choose_impl(q.device.type, B * Nh * N * N, block_elems)
+        impl = choose_impl(q.device.type, B * Nh * N * N)
     # Logits and softmax in float32 even under fp16/bf16 autocast (fp16 overflow).
     dtype = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64 (tests)
     with torch.autocast(q.device.type, enabled=False):

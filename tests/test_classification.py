@@ -1,4 +1,5 @@
 """The ImageNet classification path and the handoff of its checkpoints to detection."""
+import glob
 import os.path as osp
 import subprocess
 import sys
@@ -96,3 +97,25 @@ def test_classification_demo_learns(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     top1 = float(out.stdout.strip().splitlines()[-1].split('top-1 = ')[1].split('%')[0])
     assert top1 >= 60.0  # chance is 33.3%
+
+
+IMAGENET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/imagenet/*_imagenet.py')))
+
+
+@pytest.mark.parametrize('path', IMAGENET_CONFIGS, ids=osp.basename)
+def test_imagenet_configs_build_with_the_papers_schedules(path):
+    """Each ImageNet config builds its classifier and carries its paper's recipe."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    cfg = load_config(path)
+    init_default_scope(cfg.default_scope)
+    model = MODELS.build(cfg.model)
+    assert model.head.out_features == 1000
+    optimizer, schedulers = cfg.optim_wrapper.optimizer, cfg.param_scheduler
+    assert optimizer.type == 'SGD' and optimizer.momentum == 0.9 and optimizer.weight_decay == 1e-4
+    if 'gsa-schedule' in path or osp.basename(path).startswith('gsa'):  # GSA Sec. 4
+        assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (90, 0.1, 2048)
+        assert schedulers[0].type == 'CosineAnnealingLR' and cfg.model.label_smoothing == 0.1
+    else:  # AA appendix A.1
+        assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (100, 0.128, 256)
+        assert schedulers[0].end == 5 and schedulers[1].milestones == [30, 60, 80, 90]

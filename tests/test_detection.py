@@ -76,6 +76,31 @@ def test_syncbn_configs_run_without_gpus(launcher):
         assert cfg.env_cfg.dist_cfg.backend == 'gloo' and cfg.model_wrapper_cfg.device_ids is None
 
 
+MMDET_TRAIN = """
+import sys
+from mmengine.config import Config, DictAction
+from mmengine.runner import Runner
+# what mmdet 3.3.0's tools/train.py does (no `import aa_det`: the config's custom_imports must do it)
+cfg = Config.fromfile(sys.argv[1])
+cfg.launcher = 'none'
+cfg.work_dir = sys.argv[2]
+cfg.merge_from_dict({k: DictAction._parse_iterable(v) for k, v in (a.split('=', 1) for a in sys.argv[3:])})
+runner = Runner.from_cfg(cfg)
+runner.train()
+print('iters', runner.iter, 'aa_det' in sys.modules)
+"""
+
+
+def test_mmdet_own_train_entry_runs_our_config(tiny_shapes, tmp_path):
+    """mmdet's tools/train.py logic in a fresh process trains the demo config (SyncBN included)."""
+    opts = demo_options(tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
+                                        'model.test_cfg.score_thr': 0.0})
+    out = subprocess.run([sys.executable, '-c', MMDET_TRAIN, DEMO, str(tmp_path)] + [f'{k}={v}' for k, v in opts.items()],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith('iters 2 True')
+
+
 def test_missing_dataset_names_the_file(tmp_path):
     cfg = load_config(DEMO, cfg_options=demo_options(tmp_path / 'nowhere'))
     with pytest.raises(ConfigError, match='nowhere/annotations/instances_train.json'):

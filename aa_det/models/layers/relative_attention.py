@@ -39,10 +39,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-#: Default bound on ``B * Nh * queries * keys`` logits held at once (8 MiB in fp32). Small
-#: blocks are also the fast choice on the CPU: they stay below glibc's mmap threshold, so
-#: their memory is reused instead of page-faulted in afresh (2x faster than 64 MiB blocks).
-DEFAULT_BLOCK_ELEMS = 1 << 21
+#: Default bound on ``B * Nh * queries * keys`` logits held at once (16 MiB in fp32). Small
+#: blocks are also the fast choice on the CPU (cache-sized, and below glibc's mmap threshold,
+#: so reused instead of page-faulted in afresh): 1.3-2x faster than 64 MiB blocks. A smaller
+#: bound would make small maps (20x20, batch 2) pay the blocked backward's recomputation.
+DEFAULT_BLOCK_ELEMS = 1 << 22
 #: On CUDA, logits up to this many are materialised at once (64 MiB in fp32), see choose_impl.
 CUDA_MATERIALIZE_ELEMS = 1 << 24
 
@@ -248,8 +249,8 @@ def choose_impl(device_type: str, num_logits: int) -> str:
     """The fastest exact kernel for ``num_logits = B * Nh * (HW)^2`` on a device.
 
     * CPU: 'blocked', for all sizes: no fused kernel has a backward there, and its
-      8 MiB blocks beat the materialised form where both fit (2x at 40x40 and
-      80x80 on 2 cores, ``benchmarks/attention_memory.py``).
+      16 MiB blocks beat the materialised form where both fit (README,
+      ``benchmarks/attention_memory.py``).
     * CUDA: 'materialized' while the logits are at most ``CUDA_MATERIALIZE_ELEMS``
       (64 MiB: small maps such as stage 4 and ImageNet's 14x14), where plain
       matmuls beat the folded kernel's ``H + W`` extra head dims (H100, RetinaNet

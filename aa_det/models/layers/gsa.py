@@ -22,6 +22,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .relative_attention import init_relative_table, relative_index
 
@@ -42,7 +43,58 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.einsum('bnkxy,bnkv->bnvxy', q, context)
 
 
-def column_attention(q: Tensor, v: Tensor, table: Tensor) -> Tensor:
+#: Logits ``[chunk, L, 2L - 1]`` computed at once by :func:`column_attention`: cache-sized on the
+#: CPU (4 MiB in fp32; 3x faster than the materialised einsum at 160x160, 1.7x at 80x80), larger
+#: on CUDA where each chunk costs kernel launches.
+AXIAL_CHUNK_ELEMS = {'cpu': 1 << 20, 'cuda': 1 << 24}
+
+
+def _skew(rel: Tensor, length: int) -> Tensor:
+    """Relative -> absolute positions, a view: ``out[g, x, i] = rel[g, x, i - x + length - 1]``.
+
+    ``rel`` is ``[G, L, 2L - 1]`` contiguous; the view ``[G, L, L]`` steps ``2L - 2`` per row
+    (the skewing of Huang et al., 2018), and no two of its elements share memory.
+    """
+    s = rel.stride()
+    return rel.as_strided((rel.shape[0], length, length), (s[0], 2 * length - 2, 1),
+                          rel.storage_offset() + length - 1)
+
+
+class _AxialRelativeAttention(torch.autograd.Function):
+    """``out[g, x] = sum_i (q[g, x] . emb[i - x + L - 1]) v[g, i]`` over chunks of ``g``.
+
+    The forward keeps no logits; the backward recomputes them one chunk at a time, so the
+    ``[G, L, L]`` logits never exist at once and each chunk stays in cache.
+    """
+
+    @staticmethod
+    def forward(ctx, q, v, emb, chunk):
+        G, L, _ = q.shape
+        out = v.new_empty(G, L, v.shape[-1])  # [G, L, dv]
+        for sl in (slice(s, s + chunk) for s in range(0, G, chunk)):
+            rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
+            torch.bmm(_skew(rel, L), v[sl], out=out[sl])
+        ctx.save_for_backward(q, v, emb)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, v, emb = ctx.saved_tensors
+        G, L, _ = q.shape
+        dq, dv, demb = torch.empty_like(q), torch.empty_like(v), torch.zeros_like(emb)
+        for sl in (slice(s, s + ctx.chunk) for s in range(0, G, ctx.chunk)):
+            rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
+            torch.bmm(_skew(rel, L).transpose(1, 2), grad_out[sl], out=dv[sl])
+            drel = torch.zeros_like(rel)
+            _skew(drel, L).copy_(grad_out[sl] @ v[sl].transpose(1, 2))  # d logits [g, L, L]
+            torch.matmul(drel, emb, out=dq[sl])
+            demb += drel.flatten(0, 1).t() @ q[sl].flatten(0, 1)
+        return dq, dv, demb, None
+
+
+def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
     """Column-only positional attention, GSA appendix eq. (5)-(7).
 
     ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq. (2)).
@@ -50,18 +102,30 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor) -> Tensor:
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
         table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
+        chunk_elems (int, optional): logits per chunk. Defaults to
+            ``AXIAL_CHUNK_ELEMS`` of the device.
 
     Returns:
         Tensor: ``[B, Nh, dvh, H, W]``.
     """
-    emb = table[relative_index(q.shape[-2], (table.shape[0] + 1) // 2, q.device)]  # [x, i, dkh]
-    logits = torch.einsum('bnkxy,xik->bnixy', q, emb)  # [B, Nh, H(i), H(x), W]
-    return torch.einsum('bnixy,bnviy->bnvxy', logits, v)
+    B, Nh, dk, H, W = q.shape
+    M = (table.shape[0] + 1) // 2
+    offsets = torch.arange(-(H - 1), H, device=q.device).clamp(-(M - 1), M - 1) + M - 1
+    emb = table[offsets]  # [2H - 1, dkh]: R[-(H - 1)] .. R[H - 1], clipped
+    qc = q.permute(0, 1, 4, 3, 2).reshape(-1, H, dk)  # [B * Nh * W, H, dkh]
+    vc = v.permute(0, 1, 4, 3, 2).reshape(-1, H, v.shape[2])  # [B * Nh * W, H, dvh]
+    if chunk_elems is None:
+        chunk_elems = AXIAL_CHUNK_ELEMS.get(q.device.type, AXIAL_CHUNK_ELEMS['cuda'])
+    chunk = max(1, chunk_elems // (H * (2 * H - 1)))
+    with torch.autocast(q.device.type, enabled=False):  # one dtype inside: q's (autocast's under AMP)
+        out = _AxialRelativeAttention.apply(qc, vc.to(qc.dtype), emb.to(qc.dtype), chunk)  # [B * Nh * W, H, dvh]
+    return out.view(B, Nh, W, H, -1).permute(0, 1, 4, 3, 2)
 
 
-def row_attention(q: Tensor, v: Tensor, table: Tensor) -> Tensor:
+def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
     """Row-only positional attention: :func:`column_attention` on transposed maps."""
-    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table).transpose(-1, -2)
+    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table,
+                            chunk_elems).transpose(-1, -2)
 
 
 def gsa_reference(q: Tensor, k: Tensor, v: Tensor, table_col: Tensor, table_row: Tensor,

@@ -97,3 +97,17 @@ def test_gsa_under_bf16_autocast_is_finite():
         out = gsa(torch.randn(2, 16, 9, 7) * 30)
     out.float().square().mean().backward()
     assert torch.isfinite(out).all() and all(torch.isfinite(p.grad).all() for p in gsa.parameters())
+
+
+def test_axial_backward_called_under_autocast_keeps_forward_dtype():
+    from aa_det.models.layers.gsa import column_attention
+    g = torch.Generator().manual_seed(0)
+    q, v = (torch.randn(2, 3, 4, 9, 7, generator=g, requires_grad=True) for _ in range(2))
+    table = torch.randn(7, 4, generator=g, requires_grad=True)
+    grads = []
+    for autocast in (False, True):
+        out = column_attention(q, v, table, chunk_elems=9 * 17 * 5)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            grads.append(torch.autograd.grad(out.square().sum(), (q, v, table)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)

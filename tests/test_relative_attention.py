@@ -227,3 +227,20 @@ def test_cuda_autocast_keeps_logits_finite(dtype):
     assert torch.isfinite(out).all()
     out.float().square().mean().backward()
     assert all(torch.isfinite(p.grad).all() for p in conv.parameters() if p.grad is not None)
+
+
+def test_blocked_backward_called_under_autocast_stays_float32():
+    """`.backward()` inside a bf16 autocast region: the blocked kernel's own backward still runs
+    in float32 (PyTorch's built-in backward formulas would be autocast there; mmengine does not
+    call backward under autocast, this guards users who do)."""
+    from aa_det.models.layers.relative_attention import attention_blocked
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 64, 16, generator=g, requires_grad=True) for _ in range(3))
+    rel_h, rel_w = (torch.randn(2, 3, 64, 8, generator=g, requires_grad=True) for _ in range(2))
+    grads = []
+    for autocast in (False, True):
+        out = attention_blocked(q, k, v, rel_h, rel_w, 8, 8, block_elems=2 * 3 * 64 * 8)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+            grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, rel_h, rel_w)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)

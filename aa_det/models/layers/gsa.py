@@ -81,6 +81,11 @@ class _AxialRelativeAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):  # the forward's dtype
+            return _AxialRelativeAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, v, emb = ctx.saved_tensors
         G, L, _ = q.shape
         dq, dv, demb = torch.empty_like(q), torch.empty_like(v), torch.zeros_like(emb)

@@ -115,9 +115,8 @@ def _add_relative(logits: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tenso
     """``logits [.., Q, HW] + rel_h[.., Q, h_j] + rel_w[.., Q, w_j]`` by broadcasting."""
     if rel_h is None:
         return logits
-    shape = logits.shape
-    logits = logits.view(*shape[:-1], H, W) + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)
-    return logits.view(shape)
+    shape = logits.shape  # in place: no second logits-sized tensor (matmul's backward needs no output)
+    return logits.view(*shape[:-1], H, W).add_(rel_h.unsqueeze(-1)).add_(rel_w.unsqueeze(-2)).view(shape)
 
 
 def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
@@ -157,8 +156,9 @@ class _BlockedAttention(torch.autograd.Function):
 
     The forward keeps only the output and each query's log-sum-exp; the backward
     recomputes one block of probabilities at a time and uses
-    ``dS = P * (dP - rowsum(dO * O))``. No more than ``rows`` query rows of logits
-    exist at any moment, in either pass.
+    ``dS = P * (dP - rowsum(dO * O))``. Only ``rows`` query rows of logits exist at
+    any moment, in either pass (with their probabilities and, in the backward, their
+    gradient: a few blocks of ``B * Nh * rows * HW`` numbers).
     """
 
     @staticmethod
@@ -176,6 +176,11 @@ class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):  # float32, as the forward
+            return _BlockedAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
         H, W, rows = ctx.H, ctx.W, ctx.rows
         B, Nh, N, _ = q.shape
@@ -207,6 +212,8 @@ def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
     When all logits fit in one block this is :func:`attention_materialized`.
     Otherwise :class:`_BlockedAttention`: peak memory is
     ``O(HW * (d + H + W) + block_elems)`` in the forward and the backward pass.
+    A block holds at least one query row, so ``block_elems`` below ``B * Nh * HW``
+    is rounded up to that.
     """
     B, Nh, N, _ = q.shape
     rows = max(1, block_elems // max(1, B * Nh * N))

@@ -31,7 +31,7 @@ CONFIGS = {
 }
 
 
-def _batch(model, batch, height, width, device, seed):
+def _batch(batch, height, width, device, seed):
     """Random uint8 images and 1-5 random boxes each, through the detector's preprocessor."""
     import torch
     from mmdet.structures import DetDataSample
@@ -86,7 +86,7 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
     model.train()
     train_times = []
     for step in range(warmup + steps):
-        data = model.data_preprocessor(_batch(model, 2, 640, 640, device, step), training=True)
+        data = model.data_preprocessor(_batch(2, 640, 640, device, step), training=True)
         _sync(device)
         t0 = time.perf_counter()
         with optim.optim_context(model):
@@ -105,7 +105,7 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
     infer_times = []
     with torch.no_grad():
         for step in range(warmup + steps):
-            data = model.data_preprocessor(_batch(model, 1, 800, 1333, device, 1000 + step), training=False)
+            data = model.data_preprocessor(_batch(1, 800, 1333, device, 1000 + step), training=False)
             _sync(device)
             t0 = time.perf_counter()
             model(**data, mode='predict')
@@ -145,10 +145,13 @@ def main():
             print(f'{name:<14} failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "?"}')
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        base = base or r
-        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["train_s"]:10.3f} {r["train_s"] / base["train_s"]:6.2f} '
-              f'{r["train_peak_gib"]:9.2f} {r["train_peak_gib"] / base["train_peak_gib"]:6.2f} | '
-              f'{r["infer_s"]:8.3f} {r["infer_s"] / base["infer_s"]:6.2f}', flush=True)
+        base = r if name == 'ResNet-50' else base
+
+        def ratio(key):  # '-' when ResNet-50 was not measured first
+            return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
+        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["train_s"]:10.3f} {ratio("train_s")} '
+              f'{r["train_peak_gib"]:9.2f} {ratio("train_peak_gib")} | '
+              f'{r["infer_s"]:8.3f} {ratio("infer_s")}', flush=True)
 
 
 if __name__ == '__main__':

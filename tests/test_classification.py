@@ -14,7 +14,7 @@ from aa_det.datasets import generate_shapes_folder
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/imagenet/aa-r18_shapes-cls_demo.py')
-DET_DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+DET_PRETRAINED = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_shapes-cls-pretrained_demo_shapes.py')
 
 
 @pytest.fixture(scope='module')
@@ -34,7 +34,7 @@ def _options(paths, **extra):
 
 
 def test_classifier_checkpoint_loads_into_detector_backbone(shapes, tmp_path):
-    """Pretrain (1 epoch, real Runner), then Pretrained(prefix='backbone.') in a detector."""
+    """Pretrain (1 epoch, real Runner), then the demo detector's pretrained config loads it whole."""
     runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(
         shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8})))
     runner.train()
@@ -43,12 +43,8 @@ def test_classifier_checkpoint_loads_into_detector_backbone(shapes, tmp_path):
 
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
-    det_cfg = load_config(DET_DEMO)
-    det_cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=ckpt, prefix='backbone.')
+    det_cfg = load_config(DET_PRETRAINED, cfg_options={'model.backbone.init_cfg.checkpoint': ckpt})
     init_default_scope('mmdet')
-    det_cfg.model.backbone.base_channels = 16  # the classification demo's width
-    det_cfg.model.backbone.attention = dict(num_heads=2, min_key_dim_per_head=8)
-    det_cfg.model.neck.in_channels = [16, 32, 64, 128]
     detector = MODELS.build(det_cfg.model)
     pretrained = _load_checkpoint_with_prefix('backbone.', ckpt, map_location='cpu')
     own = detector.backbone.state_dict()

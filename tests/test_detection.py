@@ -65,7 +65,7 @@ def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
 
 
 @pytest.mark.parametrize('launcher', ['none', 'pytorch'])
-def test_syncbn_configs_run_without_gpus(launcher):
+def test_syncbn_configs_load_runnable_without_gpus(launcher):
     """The paper's SyncBN configs: BN in one process, and in a CPU process group (DDP, no device ids)."""
     path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_scratch-150e_coco.py')
     assert 'SyncBN' in open(osp.join(ROOT, 'configs/_base_/models/retinanet_r50_fpn_scratch.py')).read()

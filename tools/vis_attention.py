@@ -45,7 +45,7 @@ def parse_args():
     parser.add_argument('--image', help='image file; default: a generated shapes scene')
     parser.add_argument('--size', type=int, default=224, help='short side the image is resized to')
     parser.add_argument('--positions', nargs='+', default=['0.3,0.3', '0.5,0.5', '0.7,0.6'],
-                        help='query pixels as row,col in image pixels or as fractions in [0, 1]')
+                        help='query pixels as row,col: integers are pixels (40,60), decimals are fractions (0.3,0.5)')
     parser.add_argument('--out', default='attention.png')
     return parser.parse_args()
 
@@ -70,7 +70,7 @@ def parse_positions(specs, height, width):
             r, c = (float(v) for v in spec.split(','))
         except ValueError:
             raise SystemExit(f'aa_det: --positions expects row,col pairs, got {spec!r}') from None
-        r, c = (r * (height - 1), c * (width - 1)) if max(r, c) <= 1 else (r, c)
+        r, c = (r * (height - 1), c * (width - 1)) if '.' in spec else (r, c)
         if not (0 <= r < height and 0 <= c < width):
             raise SystemExit(f'aa_det: --positions {spec} is outside the {height}x{width} image')
         out.append((r, c))

@@ -32,7 +32,7 @@ class ImageClassifier(BaseModel):
         label_smoothing (float): cross-entropy label smoothing (GSA uses 0.1).
             Defaults to 0.
         data_preprocessor (dict, optional): mmengine ``ImgDataPreprocessor``
-            config (mean / std normalisation, BGR->RGB).
+            config (mean / std normalisation; images arrive as RGB).
         init_cfg (dict, optional): init config of the head.
     """
 

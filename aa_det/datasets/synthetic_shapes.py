@@ -13,6 +13,7 @@ Example:
 import json
 import os
 import os.path as osp
+import shutil
 from typing import Dict
 
 import numpy as np
@@ -112,6 +113,8 @@ def generate_shapes_folder(root: str, num_per_class: int = 120, num_val_per_clas
         with open(marker) as f:
             if json.load(f) == settings:
                 return paths
+    for split in paths.values():  # other settings: start afresh, no stale images
+        shutil.rmtree(split, ignore_errors=True)
     for split, count in (('train', num_per_class), ('val', num_val_per_class)):
         rng = np.random.default_rng([seed, 2 if split == 'train' else 3])
         for cls, name in enumerate(CLASSES):

@@ -1,6 +1,6 @@
 # Start from an ImageNet-pretrained backbone written by the classification path
 # (tools/train.py configs/imagenet/...); pass its checkpoint with
-#   --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/<cls run>/epoch_100.pth (GSA: epoch_90.pth)
+#   --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/<cls run>/epoch_100.pth
 _base_ = './retinanet_aa-r50_fpn_scratch-150e_coco.py'
 model = dict(backbone=dict(init_cfg=dict(_delete_=True, type='Pretrained', prefix='backbone.',
                                          checkpoint='work_dirs/aa-r50_8xb32-100e_imagenet/epoch_100.pth')))

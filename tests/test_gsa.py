@@ -111,3 +111,19 @@ def test_axial_backward_called_under_autocast_keeps_forward_dtype():
             grads.append(torch.autograd.grad(out.square().sum(), (q, v, table)))
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_attention_weights_reproduce_the_outputs():
+    """GSA maps (for tools/vis_attention.py) are the weights the forward applies to the values."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
+    queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
+    for components, key in ((('content',), 'content'), (('column', 'row'), 'positional')):
+        gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=components).double().eval()
+        out = gsa(x)  # [1, 8, 5, 6]
+        _, _, v = gsa.qkv_heads(x)  # [1, Nh, dvh, H, W]
+        maps = gsa.attention_weights(x, queries)[key]  # [1, Nh, P, H, W]
+        expected = torch.einsum('bnpij,bncij->bncp', maps, v).reshape(1, 8, 3)
+        if key == 'positional':  # the eval-mode BN between column and row: x / sqrt(1 + eps)
+            expected = expected / (1 + gsa.norm_col.eps) ** 0.5
+        torch.testing.assert_close(out[0, :, queries[:, 0], queries[:, 1]], expected[0])

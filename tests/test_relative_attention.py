@@ -244,3 +244,16 @@ def test_blocked_backward_called_under_autocast_stays_float32():
             grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, rel_h, rel_w)))
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+def test_aa_attention_weights_reproduce_the_attention():
+    """AAConv2d.attention_weights (tools/vis_attention.py) are the softmax weights the forward uses."""
+    conv = _conv('relative')
+    x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
+    queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
+    maps = conv.attention_weights(x, queries).double()  # [1, Nh, P, 5, 6], float32 for drawing
+    q, k, v, (h, w) = conv.qkv_heads(x)
+    attn = relative_attention(q, k, v, conv.rel_h, conv.rel_w, h, w)  # [1, Nh, hw, dvh]
+    assert torch.allclose(maps.sum((-1, -2)), torch.ones(1, 2, 3, dtype=torch.float64))
+    torch.testing.assert_close(maps.flatten(-2) @ v, attn[:, :, queries[:, 0] * w + queries[:, 1]],
+                               rtol=1e-5, atol=1e-6)

@@ -145,3 +145,14 @@ def test_vis_detections_bad_paths_are_named(tiny_detector, tmp_path):
     empty = tmp_path / 'empty_folder'
     empty.mkdir()
     fails_clearly(run(VIS, DEMO, tiny_detector['with_meta'], empty), 'no images', empty)
+
+
+@pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv2'), ('GSAResNet', 'layer2.1.conv2')])
+def test_vis_attention_draws_a_grid(backbone, layer, tmp_path):
+    out_png = tmp_path / 'att.png'
+    out = run(osp.join(ROOT, 'tools/vis_attention.py'), '--backbone', backbone, '--layer', layer,
+              '--positions', '10,12', '0.5,0.5', '--out', out_png)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert Image.open(out_png).size[0] > 100
+    fails_clearly(run(osp.join(ROOT, 'tools/vis_attention.py'), '--backbone', backbone, '--layer', 'layer9.0',
+                      '--out', out_png), 'layer9.0')

@@ -115,3 +115,12 @@ def test_imagenet_configs_build_with_the_papers_schedules(path):
     else:  # AA appendix A.1
         assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (100, 0.128, 256)
         assert schedulers[0].end == 5 and schedulers[1].milestones == [30, 60, 80, 90]
+
+
+def test_classifier_predicts_without_labels_and_rejects_a_headless_trunk():
+    from aa_det.classification import ImageClassifier
+    model = ImageClassifier(dict(type='ResNet', depth=18), num_classes=5).eval()
+    preds = model(torch.rand(2, 3, 64, 64), mode='predict')
+    assert len(preds) == 2 and preds[0]['pred_score'].shape == (5,)
+    with pytest.raises(ValueError, match=r'out_indices=\(1,\)'):
+        ImageClassifier(dict(type='ResNet', depth=18, out_indices=(1,)))

@@ -42,7 +42,11 @@ class ImageClassifier(BaseModel):
         if num_classes < 1:
             raise ValueError(f'ImageClassifier: num_classes must be >= 1, got {num_classes}')
         backbone = dict(backbone)
-        backbone.setdefault('out_indices', (backbone.get('num_stages', 4) - 1,))  # last stage only
+        last = backbone.get('num_stages', 4) - 1
+        backbone.setdefault('out_indices', (last,))  # last stage only
+        if max(backbone['out_indices']) != last:
+            raise ValueError(f'ImageClassifier: backbone.out_indices={backbone["out_indices"]} must end '
+                             f'with the last stage ({last}), whose features the head classifies')
         self.backbone = MODELS.build(backbone)
         self.head = nn.Linear(self.backbone.feat_dim, num_classes)
         self.num_classes, self.label_smoothing = num_classes, label_smoothing
@@ -57,6 +61,8 @@ class ImageClassifier(BaseModel):
         logits = self.logits(inputs)
         if mode == 'tensor':
             return logits
+        if mode == 'predict' and data_samples is None:  # inference without labels
+            return [dict(pred_score=s) for s in logits.float().softmax(-1)]
         labels = torch.as_tensor(data_samples, device=logits.device) if not torch.is_tensor(data_samples) \
             else data_samples.to(logits.device)
         if mode == 'loss':

@@ -127,3 +127,12 @@ def test_attention_weights_reproduce_the_outputs():
         if key == 'positional':  # the eval-mode BN between column and row: x / sqrt(1 + eps)
             expected = expected / (1 + gsa.norm_col.eps) ** 0.5
         torch.testing.assert_close(out[0, :, queries[:, 0], queries[:, 1]], expected[0])
+
+
+@pytest.mark.parametrize('heads, size', [(1, (7, 2)), (2, (7, 1)), (2, (1, 7))])
+def test_gsa_backward_with_batch_one_and_degenerate_views(heads, size):
+    """B == 1 with one head or a 1-wide map: the axial kernel's inputs are views, not copies."""
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=heads)
+    x = torch.randn(1, 8, *size, requires_grad=True)
+    gsa(x).square().sum().backward()
+    assert torch.isfinite(x.grad).all() and gsa.rel_col.grad is not None and gsa.rel_row.grad is not None

@@ -88,15 +88,17 @@ class _AxialRelativeAttention(torch.autograd.Function):
     def _backward(ctx, grad_out):
         q, v, emb = ctx.saved_tensors
         G, L, _ = q.shape
-        dq, dv, demb = torch.empty_like(q), torch.empty_like(v), torch.zeros_like(emb)
+        dq, dv = torch.empty_like(q), torch.empty_like(v)
+        acc = torch.promote_types(emb.dtype, torch.float32)  # summed over chunks: >= float32 under AMP
+        demb = torch.zeros_like(emb, dtype=acc)
         for sl in (slice(s, s + ctx.chunk) for s in range(0, G, ctx.chunk)):
             rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
             torch.bmm(_skew(rel, L).transpose(1, 2), grad_out[sl], out=dv[sl])
             drel = torch.zeros_like(rel)
             _skew(drel, L).copy_(grad_out[sl] @ v[sl].transpose(1, 2))  # d logits [g, L, L]
             torch.matmul(drel, emb, out=dq[sl])
-            demb += drel.flatten(0, 1).t() @ q[sl].flatten(0, 1)
-        return dq, dv, demb, None
+            demb += (drel.flatten(0, 1).t() @ q[sl].flatten(0, 1)).to(acc)
+        return dq, dv, demb.to(emb.dtype), None
 
 
 def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
@@ -117,8 +119,10 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     M = (table.shape[0] + 1) // 2
     offsets = torch.arange(-(H - 1), H, device=q.device).clamp(-(M - 1), M - 1) + M - 1
     emb = table[offsets]  # [2H - 1, dkh]: R[-(H - 1)] .. R[H - 1], clipped
-    qc = q.permute(0, 1, 4, 3, 2).reshape(-1, H, dk)  # [B * Nh * W, H, dkh]
-    vc = v.permute(0, 1, 4, 3, 2).reshape(-1, H, v.shape[2])  # [B * Nh * W, H, dvh]
+    # contiguous: reshape may return a strided view (B == 1 with Nh == 1 or W == 1), and the
+    # kernel writes gradients into slices of tensors shaped like these
+    qc = q.permute(0, 1, 4, 3, 2).reshape(-1, H, dk).contiguous()  # [B * Nh * W, H, dkh]
+    vc = v.permute(0, 1, 4, 3, 2).reshape(-1, H, v.shape[2]).contiguous()  # [B * Nh * W, H, dvh]
     if chunk_elems is None:
         chunk_elems = AXIAL_CHUNK_ELEMS.get(q.device.type, AXIAL_CHUNK_ELEMS['cuda'])
     chunk = max(1, chunk_elems // (H * (2 * H - 1)))

@@ -124,3 +124,26 @@ def test_classifier_predicts_without_labels_and_rejects_a_headless_trunk():
     assert len(preds) == 2 and preds[0]['pred_score'].shape == (5,)
     with pytest.raises(ValueError, match=r'out_indices=\(1,\)'):
         ImageClassifier(dict(type='ResNet', depth=18, out_indices=(1,)))
+
+
+@pytest.mark.parametrize('name, batch, lr, wd', [('wrn28-10_8xb128-500e_cifar100.py', 1024, 0.8, 2e-4),
+                                                 ('aa-wrn28-10_8xb32-500e_cifar100.py', 256, 0.2, 5e-4)])
+def test_cifar_configs_follow_aa_appendix(name, batch, lr, wd):
+    """AA appendix A.1: 500 epochs, lr 0.2 * B / 256 after a 5% linear warm-up, then cosine."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    cfg = load_config(osp.join(ROOT, 'configs/cifar', name))
+    init_default_scope(cfg.default_scope)
+    model = MODELS.build(cfg.model)
+    assert model.head.out_features == 100 and model.backbone.feat_dim == 640
+    assert cfg.auto_scale_lr.base_batch_size == 8 * cfg.train_dataloader.batch_size == batch
+    assert cfg.optim_wrapper.optimizer.lr == pytest.approx(0.2 * batch / 256)
+    assert (cfg.optim_wrapper.optimizer.lr, cfg.optim_wrapper.optimizer.weight_decay) == (lr, wd)
+    warmup, cosine = cfg.param_scheduler
+    assert warmup.end == cosine.begin == 25 and cosine.end == cfg.train_cfg.max_epochs == 500
+
+
+def test_cifar_dataset_missing_names_the_folder(tmp_path):
+    from aa_det.classification import CIFAR100Dataset
+    with pytest.raises(FileNotFoundError, match='no CIFAR-100 at .*nowhere/cifar-100-python'):
+        CIFAR100Dataset(str(tmp_path / 'nowhere'))

@@ -1,10 +1,12 @@
-"""Parameters and GFLOPs at 224x224 of the backbones, next to the papers' figures.
+"""Parameters and GFLOPs of the backbones, next to the papers' figures.
 
-Counts are for the classification network (trunk + global pool + 1000-way fc), the
-way the papers and torchvision count ResNet-50 (25.56M). FLOPs are counted by
-torch's FlopCounterMode on the real forward pass at 224x224 (2 per multiply-add,
-which is how both papers' "GFLOPs" read: ResNet-50 = 8.2), so the attention
-matmuls are included; softmax is added at 5 FLOPs per element.
+Counts are for the classification network (trunk + global pool + fc: 1000-way at
+224x224, 100-way at 32x32 for the CIFAR Wide-ResNets), the way the papers and
+torchvision count ResNet-50 (25.56M). FLOPs are counted by torch's FlopCounterMode
+on the real forward pass (2 per multiply-add, which is how both papers' "GFLOPs"
+read: ResNet-50 = 8.2), so the attention matmuls are included; softmax is added at
+5 FLOPs per element. These are our kernels' FLOPs: GSA's skewed relative logits
+compute 2L - 1 offsets per query where L are used.
 
     .venv/bin/python tools/complexity.py
 """
@@ -40,6 +42,10 @@ MODELS_TO_COUNT = [
     ('GSA-ResNet-38', dict(type='GSAResNet', depth=38), 14.2, 5.9, 'GSA T6'),
     ('GSA-ResNet-50', dict(type='GSAResNet', depth=50), 18.1, 7.2, 'GSA T6'),
     ('GSA-ResNet-101', dict(type='GSAResNet', depth=101), 30.4, 12.2, 'GSA T6'),
+    # CIFAR-100 at 32x32 with a 100-way fc
+    ('Wide-ResNet-28-10', dict(type='WideResNet', depth=28, widen_factor=10), 36.3, 10.4, 'AA T1'),
+    ('AA-Wide-ResNet-28-10', dict(type='WideResNet', depth=28, widen_factor=10, attention=dict(
+        key_ratio=0.2, value_ratio=0.1, num_heads=8, min_key_dim_per_head=20)), 36.2, 10.9, 'AA T1'),
 ]
 
 
@@ -48,15 +54,18 @@ def _softmax_flops(*args, out_shape=None, **kwargs):
 
 
 def complexity(backbone_cfg):
-    """(params in M, GFLOPs) of backbone + pool + 1000-way fc at 1x3x224x224."""
+    """(params in M, GFLOPs) of backbone + pool + fc: 1000-way at 1x3x224x224 (ImageNet),
+    100-way at 1x3x32x32 for the CIFAR Wide-ResNets."""
     backbone = MODELS.build(backbone_cfg)
     backbone.eval()  # mmdet's ResNet.train() returns None, so no chaining
-    fc = torch.nn.Linear(backbone.feat_dim, 1000)
+    cifar = backbone_cfg['type'] == 'WideResNet'
+    fc = torch.nn.Linear(backbone.feat_dim, 100 if cifar else 1000)
     params = sum(p.numel() for p in backbone.parameters()) + sum(p.numel() for p in fc.parameters())
     counter = FlopCounterMode(display=False, custom_mapping={
         torch.ops.aten._softmax: _softmax_flops})
     with counter, torch.no_grad():
-        fc(backbone(torch.rand(1, 3, 224, 224))[-1].mean((2, 3)))
+        size = 32 if cifar else 224
+        fc(backbone(torch.rand(1, 3, size, size))[-1].mean((2, 3)))
     return params / 1e6, counter.get_total_flops() / 1e9
 
 

@@ -1,5 +1,5 @@
-"""ImageNet classification path: pretrain the backbones the detectors load."""
+"""Classification path (ImageNet, CIFAR-100): pretrain the backbones the detectors load."""
 from .classifier import ImageClassifier
-from .data import ImageNetFolder, TopKAccuracy, build_transform
+from .data import CIFAR100Dataset, ImageNetFolder, TopKAccuracy, build_transform
 
-__all__ = ['ImageClassifier', 'ImageNetFolder', 'TopKAccuracy', 'build_transform']
+__all__ = ['CIFAR100Dataset', 'ImageClassifier', 'ImageNetFolder', 'TopKAccuracy', 'build_transform']

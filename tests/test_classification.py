@@ -147,3 +147,15 @@ def test_cifar_dataset_missing_names_the_folder(tmp_path):
     from aa_det.classification import CIFAR100Dataset
     with pytest.raises(FileNotFoundError, match='no CIFAR-100 at .*nowhere/cifar-100-python'):
         CIFAR100Dataset(str(tmp_path / 'nowhere'))
+
+
+def test_wide_resnet_classifier_trains_with_the_runner(shapes, tmp_path):
+    """The CIFAR backbone through ImageClassifier and mmengine's Runner (shapes data at 32x32)."""
+    backbone = dict(_delete_=True, type='WideResNet', depth=10, widen_factor=1, num_stages=3,
+                    attention=dict(num_heads=2, min_key_dim_per_head=4))
+    runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
+        'model.backbone': backbone, 'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8,
+        'train_dataloader.dataset.crop_size': 32, 'val_dataloader.dataset.crop_size': 32,
+        'test_dataloader.dataset.crop_size': 32})))
+    runner.train()
+    assert runner.iter == 3 and 'accuracy/top1' in runner.test()

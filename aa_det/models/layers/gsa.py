@@ -24,7 +24,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .relative_attention import init_relative_table, relative_index
+from .relative_attention import chunks, init_relative_table, relative_index
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 
@@ -71,7 +71,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
     def forward(ctx, q, v, emb, chunk):
         G, L, _ = q.shape
         out = v.new_empty(G, L, v.shape[-1])  # [G, L, dv]
-        for sl in (slice(s, s + chunk) for s in range(0, G, chunk)):
+        for sl in chunks(G, chunk):
             rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
             torch.bmm(_skew(rel, L), v[sl], out=out[sl])
         ctx.save_for_backward(q, v, emb)
@@ -91,7 +91,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
         dq, dv = torch.empty_like(q), torch.empty_like(v)
         acc = torch.promote_types(emb.dtype, torch.float32)  # summed over chunks: >= float32 under AMP
         demb = torch.zeros_like(emb, dtype=acc)
-        for sl in (slice(s, s + ctx.chunk) for s in range(0, G, ctx.chunk)):
+        for sl in chunks(G, ctx.chunk):
             rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
             torch.bmm(_skew(rel, L).transpose(1, 2), grad_out[sl], out=dv[sl])
             drel = torch.zeros_like(rel)

@@ -166,7 +166,7 @@ class _BlockedAttention(torch.autograd.Function):
         B, Nh, N, _ = q.shape
         out = v.new_empty(B, Nh, N, v.shape[-1])  # [B, Nh, HW, dv]
         lse = q.new_empty(B, Nh, N)
-        for sl in (slice(s, s + rows) for s in range(0, N, rows)):
+        for sl in chunks(N, rows):
             p, lse[:, :, sl] = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W)
             out[:, :, sl] = p @ v
         ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
@@ -188,7 +188,7 @@ class _BlockedAttention(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         d_rel_h = None if rel_h is None else torch.empty_like(rel_h)  # [B, Nh, HW, H]
         d_rel_w = None if rel_w is None else torch.empty_like(rel_w)  # [B, Nh, HW, W]
-        for sl in (slice(s, s + rows) for s in range(0, N, rows)):
+        for sl in chunks(N, rows):
             p, _ = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W, lse[:, :, sl])
             dv += p.transpose(-1, -2) @ grad_out[:, :, sl]
             ds = (grad_out[:, :, sl] @ v.transpose(-1, -2)).sub_(delta[:, :, sl, None]).mul_(p)  # [B, Nh, n, HW]
@@ -198,6 +198,11 @@ class _BlockedAttention(torch.autograd.Function):
                 ds = ds.view(B, Nh, -1, H, W)
                 d_rel_h[:, :, sl], d_rel_w[:, :, sl] = ds.sum(-1), ds.sum(-2)
         return dq, dk, dv, d_rel_h, d_rel_w, None, None, None
+
+
+def chunks(length: int, size: int):
+    """Slices ``[0, size), [size, 2 size), ...`` covering ``range(length)``."""
+    return (slice(start, start + size) for start in range(0, length, size))
 
 
 def _rows(t: Optional[Tensor], sl: slice) -> Optional[Tensor]:

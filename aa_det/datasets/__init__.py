@@ -1,3 +1,3 @@
-from .synthetic_shapes import CLASSES, generate_shapes_coco, generate_shapes_folder
+from .synthetic_shapes import CLASSES, generate_shapes_coco, generate_shapes_folder, generate_shapes_split
 
-__all__ = ["CLASSES", "generate_shapes_coco", "generate_shapes_folder"]
+__all__ = ["CLASSES", "generate_shapes_coco", "generate_shapes_folder", "generate_shapes_split"]

@@ -14,7 +14,8 @@ import json
 import os
 import os.path as osp
 import shutil
-from typing import Dict
+import zlib
+from typing import Dict, Optional
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -22,14 +23,15 @@ from PIL import Image, ImageDraw
 CLASSES = ('circle', 'square', 'triangle')
 
 
-def _scene(rng: np.random.Generator, size: int, max_objects: int):
-    """One image (H, W, 3 uint8) and its [(x, y, w, h, class_index)] boxes."""
+def _scene(rng: np.random.Generator, size: int, max_objects: int, object_scale: int):
+    """One image (H, W, 3 uint8) and its [(x, y, w, h, class_index)] boxes; object sides are
+    drawn from ``[object_scale // 8, object_scale // 3)``."""
     image = _background(rng, size)
     draw = ImageDraw.Draw(image)
     boxes = []
     for _ in range(rng.integers(1, max_objects + 1)):
         cls = int(rng.integers(len(CLASSES)))
-        side = int(rng.integers(size // 8, size // 3))
+        side = int(rng.integers(object_scale // 8, object_scale // 3))
         x0, y0 = (int(v) for v in rng.integers(0, size - side, size=2))
         x1, y1 = x0 + side, y0 + side
         if any(x0 < bx + bw and bx < x1 and y0 < by + bh and by < y1 for bx, by, bw, bh, _ in boxes):
@@ -65,34 +67,51 @@ def generate_shapes_coco(root: str, num_train: int = 400, num_val: int = 100,
     Returns:
         dict: split name -> annotation file path.
     """
-    settings = dict(num_train=num_train, num_val=num_val, image_size=image_size,
-                    max_objects=max_objects, seed=seed)
+    return {split: generate_shapes_split(root, split, count, image_size, max_objects=max_objects, seed=seed)
+            for split, count in (('train', num_train), ('val', num_val))}
+
+
+def generate_shapes_split(root: str, split: str, num_images: int, image_size: int = 128,
+                          object_scale: Optional[int] = None, max_objects: int = 4, seed: int = 0) -> str:
+    """Write one split: ``root/<split>/*.png`` and ``root/annotations/instances_<split>.json``.
+
+    Args:
+        object_scale (int, optional): the image size whose object sizes to draw (sides in
+            ``[object_scale // 8, object_scale // 3)``). Larger images at the training images'
+            object scale test a detector beyond its training crops. Defaults to ``image_size``.
+        max_objects (int): objects tried per image (at most; overlapping ones are dropped).
+
+    Returns:
+        str: the annotation file; reused when it records the same settings.
+    """
+    object_scale = object_scale or image_size
+    settings = dict(num_images=num_images, image_size=image_size, max_objects=max_objects, seed=seed)
+    if object_scale != image_size:
+        settings['object_scale'] = object_scale
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    paths = {}
-    for split, count in (('train', num_train), ('val', num_val)):
-        ann_file = osp.join(root, 'annotations', f'instances_{split}.json')
-        paths[split] = ann_file
-        if osp.exists(ann_file):
-            with open(ann_file) as f:
-                if json.load(f).get('info', {}).get('settings') == settings:
-                    continue
-        rng = np.random.default_rng([seed, 0 if split == 'train' else 1])
-        os.makedirs(osp.join(root, split), exist_ok=True)
-        images, annotations = [], []
-        for image_id in range(count):
-            image, boxes = _scene(rng, image_size, max_objects)
-            name = f'{image_id:06d}.png'
-            image.save(osp.join(root, split, name))
-            images.append(dict(id=image_id, file_name=name, width=image_size, height=image_size))
-            for x, y, w, h, cls in boxes:
-                annotations.append(dict(id=len(annotations) + 1, image_id=image_id, category_id=cls + 1,
-                                        bbox=[x, y, w, h], area=w * h, iscrowd=0))
-        coco = dict(info=dict(description='aa_det synthetic shapes', settings=settings), images=images,
-                    annotations=annotations,
-                    categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
-        with open(ann_file, 'w') as f:
-            json.dump(coco, f)
-    return paths
+    ann_file = osp.join(root, 'annotations', f'instances_{split}.json')
+    if osp.exists(ann_file):
+        with open(ann_file) as f:
+            if json.load(f).get('info', {}).get('settings') == settings:
+                return ann_file
+    stream = {'train': 0, 'val': 1}.get(split, zlib.crc32(split.encode()))
+    rng = np.random.default_rng([seed, stream])
+    os.makedirs(osp.join(root, split), exist_ok=True)
+    images, annotations = [], []
+    for image_id in range(num_images):
+        image, boxes = _scene(rng, image_size, max_objects, object_scale)
+        name = f'{image_id:06d}.png'
+        image.save(osp.join(root, split, name))
+        images.append(dict(id=image_id, file_name=name, width=image_size, height=image_size))
+        for x, y, w, h, cls in boxes:
+            annotations.append(dict(id=len(annotations) + 1, image_id=image_id, category_id=cls + 1,
+                                    bbox=[x, y, w, h], area=w * h, iscrowd=0))
+    coco = dict(info=dict(description='aa_det synthetic shapes', settings=settings), images=images,
+                annotations=annotations,
+                categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
+    with open(ann_file, 'w') as f:
+        json.dump(coco, f)
+    return ann_file
 
 
 def generate_shapes_folder(root: str, num_per_class: int = 120, num_val_per_class: int = 40,

@@ -23,6 +23,7 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
+from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_attention import init_relative_table, relative_attention, relative_logits_2d
 
@@ -78,7 +79,9 @@ class AAConv2d(BaseModule):
             added to the attention input) or 'coord' (CoordConv x, y, r
             channels appended to it). Defaults to 'relative'.
         max_rel_dist (int): relative tables cover offsets up to
-            ``max_rel_dist - 1``; larger offsets are clipped. Defaults to 64.
+            ``max_rel_dist - 1``; larger offsets are clipped. At test time they
+            clip at the largest offset training reached
+            (:class:`TrainedOffsetRange`). Defaults to 64.
         attn_downsample (bool): 3x3 average pool (stride 2) before the
             attention and bilinear upsampling after it. Defaults to False.
         impl (str): attention kernel, see :func:`relative_attention`.
@@ -144,12 +147,30 @@ class AAConv2d(BaseModule):
         if position == 'relative':
             self.rel_h = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
             self.rel_w = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
+            self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (h, w) trained so far
             self.reset_relative()
 
     def reset_relative(self):
-        """Relative tables ~ N(0, dkh^-0.5), shared by the heads (Sec. 3.2)."""
+        """Relative tables ~ N(0, dkh^-0.5), shared by the heads (Sec. 3.2); nothing trained."""
         init_relative_table(self.rel_h, self.head_dim)
         init_relative_table(self.rel_w, self.head_dim)
+        self.offset_range.reset()
+
+    def relative_tables(self, h: int, w: int):
+        """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use.
+
+        A learning pass records ``h``, ``w``; otherwise offsets beyond the largest trained
+        one clip to it (:class:`TrainedOffsetRange`).
+
+        Returns:
+            tuple: ``[2 mh - 1, dkh]`` and ``[2 mw - 1, dkh]`` tables, or ``(None, None)``
+            without relative position.
+        """
+        if self.position != 'relative':
+            return None, None
+        learning = self.training and torch.is_grad_enabled() and self.rel_h.requires_grad
+        return (self.offset_range.crop(self.rel_h, 0, learning, h),
+                self.offset_range.crop(self.rel_w, 1, learning, w))
 
     def init_weights(self):
         super().init_weights()
@@ -187,8 +208,7 @@ class AAConv2d(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
         q, k, v, (h, w) = self.qkv_heads(self._attention_input(x))
-        tables = (self.rel_h, self.rel_w) if self.position == 'relative' else (None, None)
-        attn = relative_attention(q, k, v, *tables, h, w, impl=self.impl)  # [B, Nh, hw, dvh]
+        attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl)  # [B, Nh, hw, dvh]
         attn = attn.transpose(-1, -2).reshape(x.shape[0], self.value_channels, h, w)
         attn = self.proj(attn)  # [B, dv, h, w]
         if (h, w) != out_size:
@@ -214,7 +234,9 @@ class AAConv2d(BaseModule):
         idx = queries[:, 0] * w + queries[:, 1]
         logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
         if self.position == 'relative':
-            rel_h, rel_w = relative_logits_2d(q.reshape(*q.shape[:2], h, w, -1), self.rel_h, self.rel_w)
+            with torch.no_grad():  # a look, never a learning pass
+                tables = self.relative_tables(h, w)
+            rel_h, rel_w = relative_logits_2d(q.reshape(*q.shape[:2], h, w, -1), *tables)
             logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
                       + rel_w[:, :, idx, None, :]).flatten(-2)
         return logits.float().softmax(-1).view(*logits.shape[:3], h, w)

@@ -24,6 +24,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .offset_range import TrainedOffsetRange
 from .relative_attention import chunks, init_relative_table, relative_index
 
 GSA_COMPONENTS = ('content', 'column', 'row')
@@ -194,7 +195,8 @@ class GlobalSelfAttention2d(BaseModule):
             Table 4). Defaults to all three.
         max_rel_dist (int): relative tables cover offsets up to
             ``max_rel_dist - 1``; larger offsets are clipped, so attention stays
-            global at any size. Defaults to 64.
+            global at any size. At test time they clip at the largest offset
+            training reached (:class:`TrainedOffsetRange`). Defaults to 64.
         norm_cfg (dict): norm between the column and row sub-layers.
             Defaults to ``dict(type='BN')``.
         init_cfg (dict, optional): mmengine init config.
@@ -240,13 +242,29 @@ class GlobalSelfAttention2d(BaseModule):
             self.rel_row = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
         if 'column' in components and 'row' in components:
             self.norm_col = build_norm_layer(norm_cfg, out_channels)[1]
+        if 'column' in components or 'row' in components:
+            self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (column, row) trained so far
         self.reset_relative()
 
     def reset_relative(self):
-        """Relative tables ~ N(0, dkh^-0.5), shared by the heads."""
+        """Relative tables ~ N(0, dkh^-0.5), shared by the heads; nothing trained."""
         for name in ('rel_col', 'rel_row'):
             if hasattr(self, name):
                 init_relative_table(getattr(self, name), self.head_dim)
+        if hasattr(self, 'offset_range'):
+            self.offset_range.reset()
+
+    def relative_table(self, name: str, length: int) -> Tensor:
+        """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length``
+        along that axis may use: a learning pass records ``length``; otherwise offsets beyond
+        the largest trained one clip to it (:class:`TrainedOffsetRange`).
+
+        Returns:
+            Tensor: ``[2m - 1, dkh]``.
+        """
+        table = self.rel_col if name == 'column' else self.rel_row
+        learning = self.training and torch.is_grad_enabled() and table.requires_grad
+        return self.offset_range.crop(table, 0 if name == 'column' else 1, learning, length)
 
     def init_weights(self):
         super().init_weights()
@@ -264,11 +282,11 @@ class GlobalSelfAttention2d(BaseModule):
         out = content_attention(q, k, v) if 'content' in self.components else 0
         pos = v
         if 'column' in self.components:
-            pos = column_attention(q, pos, self.rel_col)  # [B, Nh, dvh, H, W]
+            pos = column_attention(q, pos, self.relative_table('column', H))  # [B, Nh, dvh, H, W]
             if 'row' in self.components:
                 pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         if 'row' in self.components:
-            pos = row_attention(q, pos, self.rel_row)
+            pos = row_attention(q, pos, self.relative_table('row', W))
         if pos is not v:
             out = out + pos
         out = out.reshape(B, self.out_channels, H, W)
@@ -296,6 +314,9 @@ class GlobalSelfAttention2d(BaseModule):
         """
         q, k, _ = self.qkv_heads(x)
         B, Nh, _, H, W = q.shape
+        with torch.no_grad():  # a look, never a learning pass
+            table_col = self.relative_table('column', H) if hasattr(self, 'rel_col') else None
+            table_row = self.relative_table('row', W) if hasattr(self, 'rel_row') else None
         rows, cols = queries[:, 0], queries[:, 1]
         q_p = q[..., rows, cols]  # [B, Nh, dkh, P]
         maps = {}
@@ -304,11 +325,11 @@ class GlobalSelfAttention2d(BaseModule):
             maps['content'] = torch.einsum('bnkp,bnkq->bnpq', q_p, k_soft).reshape(B, Nh, -1, H, W)
         col = row = None
         if 'column' in self.components:
-            emb = self.rel_col[relative_index(H, (self.rel_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
+            emb = table_col[relative_index(H, (table_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
             # column weights of every pixel (x_p, j) of the query's row, over rows i
             col = torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb)  # [B, Nh, P, H, W]
         if 'row' in self.components:
-            emb = self.rel_row[relative_index(W, (self.rel_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
+            emb = table_row[relative_index(W, (table_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
             row = torch.einsum('bnkp,pjk->bnpj', q_p, emb)  # [B, Nh, P, W]
         if col is not None and row is not None:
             maps['positional'] = col * row[:, :, :, None, :]

@@ -1,0 +1,95 @@
+"""The relative offsets that training reached, so that test maps use only trained table rows.
+
+A relative table of ``2M - 1`` rows (Shaw et al., 2018; AA eq. (3); GSA eq. (5)-(7)) gets a
+gradient only in the rows of offsets that occur in training: ``-(L - 1) .. L - 1`` for maps of
+length ``L``. A test image larger than the training crops would otherwise read rows that never
+trained (random initialisation, shrunk by weight decay). :class:`TrainedOffsetRange` records, per
+axis, the largest offset a learning forward pass has used, and :meth:`TrainedOffsetRange.crop`
+cuts a table to those rows, so larger offsets clip to the largest trained one: within the trained
+range the attention is exactly the paper's, beyond it the far keys share the farthest trained
+embedding. The record travels in ``state_dict`` (checkpoints, resume, ImageNet -> detection).
+See docs/design.md, "Relative embeddings at any size".
+
+Example:
+    >>> import torch
+    >>> rng = TrainedOffsetRange(max_rel_dist=64)
+    >>> table = torch.zeros(127, 8)
+    >>> rng.crop(table, 0, learning=False).shape  # nothing recorded yet: the whole table
+    torch.Size([127, 8])
+    >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map
+    torch.Size([19, 8])
+    >>> rng.crop(table, 0, learning=False).shape  # at test time: offsets clip at 9
+    torch.Size([19, 8])
+"""
+from typing import Optional
+
+import torch
+from mmengine.model import BaseModule
+from torch import Tensor
+
+_EXTRA_STATE = '_extra_state'
+
+
+class TrainedOffsetRange(BaseModule):
+    """Per-axis record of the largest relative offset used while the tables learned.
+
+    The record is a list of Python ints (no device synchronisation in the forward pass),
+    saved as a small CPU tensor through ``get_extra_state``. ``-1`` means nothing recorded
+    (a new layer, or a checkpoint written before the record existed): the whole table is
+    used, as before.
+
+    Args:
+        max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
+        num_axes (int): tables recorded (AA: height and width; GSA: column and row).
+            Defaults to 2.
+    """
+
+    def __init__(self, max_rel_dist: int, num_axes: int = 2):
+        super().__init__()
+        self.max_rel_dist = max_rel_dist
+        self.trained = [-1] * num_axes
+
+    def reset(self):
+        """Nothing trained (a freshly initialised table)."""
+        self.trained = [-1] * len(self.trained)
+
+    def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
+        """The rows of ``table`` that the recorded range allows.
+
+        Args:
+            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``.
+            axis (int): which record.
+            learning (bool): the table learns in this pass (training mode, grad enabled,
+                ``requires_grad``): ``length`` widens the record first.
+            length (int, optional): the map's length along ``axis``; needed when learning.
+
+        Returns:
+            Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1)``, a view of the middle rows
+            (offsets ``-(m - 1) .. m - 1``); the whole table when nothing is recorded.
+        """
+        if learning:
+            self.trained[axis] = max(self.trained[axis], length - 1)
+        if self.trained[axis] < 0:
+            return table
+        m, M = min(self.max_rel_dist, self.trained[axis] + 1), self.max_rel_dist
+        return table[M - m:M + m - 1]
+
+    def get_extra_state(self) -> Tensor:
+        return torch.tensor(self.trained, dtype=torch.long)
+
+    def set_extra_state(self, state: Tensor):
+        self.trained = [int(v) for v in state.tolist()]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """A checkpoint without a record (older than it) loads as 'nothing recorded'."""
+        key = prefix + _EXTRA_STATE
+        if key not in state_dict:
+            self.reset()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def extra_repr(self) -> str:
+        return f'max_rel_dist={self.max_rel_dist}, trained={self.trained}'

@@ -49,7 +49,7 @@ DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shape
 BACKBONES = {
     'ResNet-18': (dict(type='ResNet', depth=18, base_channels=32), [32, 64, 128, 256]),
     'AA-ResNet-18': (None, None),  # the demo config's own
-    'GSA-ResNet-26': (dict(type='GSAResNet', depth=26, base_channels=16, gsa=dict(num_heads=4)),
+    'GSA-ResNet-26': (dict(type='GSAResNet', depth=26, base_channels=16, attention=dict(num_heads=4)),
                       [64, 128, 256, 512]),
 }
 

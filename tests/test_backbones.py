@@ -122,6 +122,46 @@ def test_attention_layers_sit_where_the_papers_put_them():
     assert [gsa.layer1[0].conv2.stride, gsa.layer2[0].conv2.stride, gsa.layer2[1].conv2.stride] == [1, 2, 1]
 
 
+def test_aa_with_dcn_on_the_same_stage():
+    """mmdet's DCN in stage 4 and attention in stages 2-4: stage 4's conv2 is concat[DCN(X), MHA(X)]."""
+    from mmcv.ops import DeformConv2dPack
+    from aa_det.models.layers import AAConv2d
+    model = build('AAResNet', 50, dcn=dict(type='DCN', deform_groups=1, fallback_on_stride=False),
+                  stage_with_dcn=(False, False, False, True))
+    assert all(isinstance(b.conv2, AAConv2d) for b in model.layer2)
+    assert all(isinstance(b.conv2.conv, DeformConv2dPack) for b in model.layer4)
+    assert not isinstance(model.layer3[0].conv2.conv, DeformConv2dPack)
+    assert 'dcn' not in str(model.attention) and model.dcn['type'] == 'DCN'  # a config dump shows each apart
+    outs = model(torch.rand(1, 3, 128, 96))  # mmcv's DCN needs maps of at least its kernel
+    assert outs[-1].shape == (1, 2048, 4, 3)
+    outs[-1].sum().backward()
+    assert model.layer4[0].conv2.conv.conv_offset.weight.grad is not None
+
+
+def test_gsa_with_a_plugin_and_dcn_refused():
+    from mmdet.models.layers import ResLayer  # noqa: F401  (registers mmdet's plugins)
+    model = build('GSAResNet', 26, plugins=[dict(cfg=dict(type='ContextBlock', ratio=1. / 4),
+                                                 stages=(False, False, True, True), position='after_conv3')])
+    assert model.layer3[0].after_conv3_plugin_names == ['context_block'] and not model.layer2[0].with_plugins
+    assert type(model.layer3[0].conv2).__name__ == 'GlobalSelfAttention2d'
+    out = model(torch.rand(1, 3, 64, 64))
+    assert out[-1].shape == (1, 2048, 2, 2)
+    with pytest.raises(ValueError, match='GSAResNet: dcn and GSA both replace conv2 in stage'):
+        build('GSAResNet', 26, dcn=dict(type='DCN', deform_groups=1), stage_with_dcn=(False, False, False, True))
+
+
+def test_checkpoint_keys_unchanged():
+    """State-dict keys and shapes as written by the released layout (tests/fixtures), so older
+    checkpoints load with no missing or unexpected keys."""
+    import json
+    import os.path as osp
+    ref = json.load(open(osp.join(osp.dirname(__file__), 'fixtures', 'backbone_state_dict_keys.json')))
+    for name, (type_, depth) in {'AAResNet-18': ('AAResNet', 18), 'AAResNet-50': ('AAResNet', 50),
+                                 'GSAResNet-26': ('GSAResNet', 26)}.items():
+        state = build(type_, depth).state_dict()
+        assert {k: list(v.shape) for k, v in state.items()} == ref[name], name
+
+
 def test_complexity_tool_matches_papers_tables():
     """tools/complexity.py: every row's parameters within 1% and GFLOPs within 5% of the paper's (one exception)."""
     import os.path as osp

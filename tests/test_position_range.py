@@ -11,7 +11,7 @@ from aa_det.models.layers.offset_range import TrainedOffsetRange
 BACKBONES = {
     'AAResNet': lambda: AAResNet(depth=18, base_channels=16,
                                  attention=dict(num_heads=2, min_key_dim_per_head=4, max_rel_dist=16)),
-    'GSAResNet': lambda: GSAResNet(depth=26, base_channels=8, gsa=dict(num_heads=2, max_rel_dist=16)),
+    'GSAResNet': lambda: GSAResNet(depth=26, base_channels=8, attention=dict(num_heads=2, max_rel_dist=16)),
 }
 
 

@@ -1,5 +1,6 @@
-from .aa_resnet import AABasicBlock, AAResNet
+from .aa_resnet import AAResNet
+from .attention_resnet import AttentionResNet
 from .gsa_resnet import GSAResNet
 from .wide_resnet import WideBasicBlock, WideResNet
 
-__all__ = ['AABasicBlock', 'AAResNet', 'GSAResNet', 'WideBasicBlock', 'WideResNet']
+__all__ = ['AAResNet', 'AttentionResNet', 'GSAResNet', 'WideBasicBlock', 'WideResNet']

@@ -16,23 +16,25 @@ Example:
 """
 from typing import Optional, Sequence
 
-from mmdet.models.backbones.resnet import Bottleneck, ResNet
+from mmdet.models.backbones.resnet import Bottleneck
 from mmdet.registry import MODELS
+
+from .attention_resnet import AttentionResNet
 
 
 @MODELS.register_module()
-class GSAResNet(ResNet):
+class GSAResNet(AttentionResNet):
     """Global Self-Attention ResNet (GSA paper, Table 6).
 
-    Takes every argument of mmdet's ``ResNet`` plus:
+    Takes every argument of mmdet's ``ResNet`` (``plugins`` included) plus:
 
     Args:
-        gsa (dict, optional): overrides of the ``GSA`` module config
+        attention (dict, optional): overrides of the ``GSA`` module config
             (``num_heads``, ``components``, ``max_rel_dist``, ``key_channels``;
             see :class:`aa_det.models.layers.GlobalSelfAttention2d`). Its norm
             between column and row attention follows ``norm_cfg``.
-        stage_with_gsa (Sequence[bool]): stages whose 3x3 convs are replaced
-            (GSA Table 5). Defaults to all four.
+        stage_with_attention (Sequence[bool]): stages whose 3x3 convs are
+            replaced (GSA Table 5). Defaults to all four.
     """
 
     arch_settings = {
@@ -44,18 +46,15 @@ class GSAResNet(ResNet):
 
     def __init__(self,
                  depth: int,
-                 gsa: Optional[dict] = None,
-                 stage_with_gsa: Sequence[bool] = (True, True, True, True),
+                 attention: Optional[dict] = None,
+                 stage_with_attention: Sequence[bool] = (True, True, True, True),
                  **kwargs):
-        if depth not in self.arch_settings:
-            raise KeyError(f'GSAResNet: invalid depth {depth}; choose from {sorted(self.arch_settings)}')
-        norm_cfg = kwargs.get('norm_cfg', dict(type='BN', requires_grad=True))
-        cfg = dict(type='GSA', num_heads=8, norm_cfg=norm_cfg)
-        cfg.update(gsa or {})
-        num_stages = kwargs.get('num_stages', 4)
-        stage_with_gsa = tuple(stage_with_gsa)[:num_stages]
-        if len(stage_with_gsa) != num_stages:
-            raise ValueError(f'GSAResNet: stage_with_gsa={stage_with_gsa} needs '
-                             f'num_stages={num_stages} entries')
-        super().__init__(depth, dcn=cfg if any(stage_with_gsa) else None,
-                         stage_with_dcn=stage_with_gsa, **kwargs)
+        cfg = dict(type='GSA', num_heads=8, norm_cfg=kwargs.get('norm_cfg', dict(type='BN', requires_grad=True)))
+        cfg.update(attention or {})
+        dcn_stages = [i for i, (a, d) in enumerate(zip(stage_with_attention, kwargs.get('stage_with_dcn', ())))
+                      if a and d and kwargs.get('dcn') is not None]
+        if dcn_stages:
+            raise ValueError(f'GSAResNet: dcn and GSA both replace conv2 in stage(s) '
+                             f'{[i + 1 for i in dcn_stages]}; a GSA module has no convolution to deform '
+                             f'(set stage_with_dcn False there, or use a plugin)')
+        super().__init__(depth, attention=cfg, stage_with_attention=stage_with_attention, **kwargs)

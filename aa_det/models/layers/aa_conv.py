@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmcv.cnn import build_conv_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
@@ -53,7 +54,7 @@ class AAConv2d(BaseModule):
     """Attention augmented convolution (AA paper, Sec. 3.3, Fig. 2).
 
     It has the signature of ``nn.Conv2d`` so that mmcv's ``build_conv_layer``
-    (and mmdet's ``Bottleneck`` through its ``dcn`` hook) can build it.
+    builds it from ``dict(type='AAConv', ...)``.
 
     Args:
         in_channels (int): ``F_in``.
@@ -86,6 +87,9 @@ class AAConv2d(BaseModule):
             attention and bilinear upsampling after it. Defaults to False.
         impl (str): attention kernel, see :func:`relative_attention`.
             Defaults to 'auto'.
+        conv_cfg (dict, optional): config of the convolutional part for mmcv's
+            ``build_conv_layer``, e.g. ``dict(type='DCN', deform_groups=1)`` for
+            ``concat[DCN(X), MHA(X)]``. Defaults to None (``nn.Conv2d``).
         init_cfg (dict, optional): mmengine init config. Defaults to None.
     """
 
@@ -108,6 +112,7 @@ class AAConv2d(BaseModule):
                  max_rel_dist: int = 64,
                  attn_downsample: bool = False,
                  impl: str = 'auto',
+                 conv_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
         if num_heads < 1:
@@ -138,9 +143,9 @@ class AAConv2d(BaseModule):
         self.position, self.attn_downsample, self.impl = position, attn_downsample, impl
 
         conv_channels = out_channels - dv
-        self.conv = nn.Conv2d(in_channels, conv_channels, kernel_size, stride,
-                              dilation * (kernel_size - 1) // 2, dilation,
-                              bias=bias) if conv_channels > 0 else None
+        self.conv = build_conv_layer(conv_cfg, in_channels, conv_channels, kernel_size, stride,
+                                     dilation * (kernel_size - 1) // 2, dilation,
+                                     bias=bias) if conv_channels > 0 else None
         attn_in = in_channels + 3 if position == 'coord' else in_channels
         self.qkv = nn.Conv2d(attn_in, 2 * dk + dv, 1)  # one 1x1 conv for k, q, v (Fig. 2)
         self.proj = nn.Conv2d(dv, dv, 1)  # W^O mixes the heads, eq. (2)

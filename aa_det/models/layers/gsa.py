@@ -177,8 +177,8 @@ def gsa_reference(q: Tensor, k: Tensor, v: Tensor, table_col: Tensor, table_row:
 class GlobalSelfAttention2d(BaseModule):
     """Global self-attention (GSA) module, a drop-in for a 3x3 convolution.
 
-    Has ``nn.Conv2d``'s signature so mmcv's ``build_conv_layer`` (and mmdet's
-    ``Bottleneck`` through its ``dcn`` hook) can build it.
+    Has ``nn.Conv2d``'s signature so mmcv's ``build_conv_layer`` builds it from
+    ``dict(type='GSA', ...)``.
 
     Args:
         in_channels (int): input channels.

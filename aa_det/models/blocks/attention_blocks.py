@@ -1,0 +1,67 @@
+"""ResNet blocks whose 3x3 convolution is an attention layer, names and keys kept.
+
+The blocks of the AA paper (Bello et al., ICCV 2019, Sec. 4.2: "we augment the 3x3 convolutions")
+and of the GSA paper (Shen et al., Sec. 4: "replace all 3x3 convolutions with GSA modules"):
+mmdet's ``Bottleneck`` / ``BasicBlock`` with one conv built from an explicit ``attention`` config
+(``AAConv`` or ``GSA``, registered conv layers), the way mmdet's ResNeSt replaces ``conv2``.
+Every other part is mmdet's: ``conv1 .. norm3`` and their checkpoint keys, ``downsample``,
+``with_cp``, ``zero_init_residual``, and ``plugins`` (which run around ``conv2`` as in any
+Bottleneck). ``dcn`` stays free: it becomes the convolutional part of an ``AAConv``
+(``concat[DCN(X), MHA(X)]``).
+
+Example:
+    >>> import torch
+    >>> block = AttentionBottleneck(64, 16, attention=dict(type='AAConv', num_heads=2,
+    ...                                                     min_key_dim_per_head=4))
+    >>> block(torch.rand(1, 64, 9, 13)).shape
+    torch.Size([1, 64, 9, 13])
+    >>> block = AttentionBasicBlock(8, 16, stride=2, attention=dict(type='GSA', num_heads=2),
+    ...                             downsample=torch.nn.Conv2d(8, 16, 1, 2))
+    >>> block(torch.rand(1, 8, 9, 13)).shape
+    torch.Size([1, 16, 5, 7])
+"""
+from mmcv.cnn import build_conv_layer
+from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
+
+
+class AttentionBottleneck(Bottleneck):
+    """mmdet's ``Bottleneck`` whose 3x3 ``conv2`` is built from ``attention``.
+
+    Args:
+        inplanes (int): input channels.
+        planes (int): width of the block; ``conv2`` maps ``planes -> planes``.
+        attention (dict): conv-layer config of the attention layer, e.g.
+            ``dict(type='AAConv', ...)`` or ``dict(type='GSA', ...)``.
+        **kwargs: every argument of mmdet's ``Bottleneck`` (``stride``,
+            ``dilation``, ``downsample``, ``style``, ``with_cp``, ``conv_cfg``,
+            ``norm_cfg``, ``dcn``, ``plugins``, ``init_cfg``). With ``dcn``,
+            the attention layer's convolutional part is that deformable conv
+            (``conv_cfg`` of ``AAConv``).
+    """
+
+    def __init__(self, inplanes: int, planes: int, attention: dict, **kwargs):
+        super().__init__(inplanes, planes, **kwargs)
+        attention = dict(attention)
+        if self.with_dcn:
+            attention['conv_cfg'] = {k: v for k, v in self.dcn.items() if k != 'fallback_on_stride'}
+        self.conv2 = build_conv_layer(attention, planes, planes, 3, stride=self.conv2_stride,
+                                      padding=self.dilation, dilation=self.dilation, bias=False)
+
+
+class AttentionBasicBlock(BasicBlock):
+    """mmdet's ``BasicBlock`` whose first 3x3 conv (``conv1``, stride and all) is built from
+    ``attention``: the reading of the AA paper that gives its 20.7M for AA-ResNet-34
+    (docs/design.md), and the paper's choice for Wide-ResNets.
+
+    Args:
+        inplanes (int): input channels.
+        planes (int): output channels.
+        attention (dict): conv-layer config of the attention layer.
+        **kwargs: every argument of mmdet's ``BasicBlock``.
+    """
+
+    def __init__(self, inplanes: int, planes: int, attention: dict, stride: int = 1, dilation: int = 1,
+                 **kwargs):
+        super().__init__(inplanes, planes, stride=stride, dilation=dilation, **kwargs)
+        self.conv1 = build_conv_layer(attention, inplanes, planes, 3, stride=stride, padding=dilation,
+                                      dilation=dilation, bias=False)

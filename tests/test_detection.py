@@ -46,6 +46,29 @@ def test_every_config_builds_its_model(path):
     assert cfg.model.backbone.get('frozen_stages', -1) == -1 and cfg.model.backbone.norm_eval is False
 
 
+def _base_chain(path):
+    """Every file a config inherits from, read from the ``_base_`` lines (mmdet:: names kept)."""
+    import ast
+    if path.startswith('mmdet::'):
+        return [path]
+    tree = ast.parse(open(path).read())
+    bases = [ast.literal_eval(n.value) for n in tree.body
+             if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == '_base_']
+    bases = [b for base in bases for b in ([base] if isinstance(base, str) else base)]
+    return [path] + [f for b in bases for f in _base_chain(b if b.startswith('mmdet::')
+                                                           else osp.normpath(osp.join(osp.dirname(path), b)))]
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
+def test_detection_configs_inherit_mmdet_bases(path):
+    """Model, data and runtime come from mmdet's own bases (mmengine's cross-repo ``mmdet::``)."""
+    chain = _base_chain(path)
+    for base in ('mmdet::_base_/models/retinanet_r50_fpn.py', 'mmdet::_base_/default_runtime.py'):
+        assert base in chain, chain
+    if 'shapes' not in path:
+        assert 'mmdet::_base_/datasets/coco_detection.py' in chain
+
+
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
     extra = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,

@@ -1,9 +1,8 @@
-# COCO 2017 with the AA paper's multiscale jitter (Sec. 4.4, appendix A.1): resize so the
-# long side is 640 * [0.8, 1.2] = [512, 768], crop to 640x640, flip with p = 0.5.
-dataset_type = 'CocoDataset'
-data_root = 'data/coco/'
+# mmdet's COCO 2017 detection data with the AA paper's multiscale jitter (Sec. 4.4, appendix
+# A.1): resize so the long side is 640 * [0.8, 1.2] = [512, 768], crop to 640x640, flip with
+# p = 0.5; tests at the training scale (long side 640; README, "Test size", for 1333x800).
+_base_ = 'mmdet::_base_/datasets/coco_detection.py'
 backend_args = None
-
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
     dict(type='LoadAnnotations', with_bbox=True),
@@ -24,37 +23,6 @@ test_pipeline = [
 train_dataloader = dict(
     batch_size=8,  # x 8 GPUs = 64, the paper's batch
     num_workers=4,
-    persistent_workers=True,
-    sampler=dict(type='DefaultSampler', shuffle=True),
-    batch_sampler=dict(type='AspectRatioBatchSampler'),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        ann_file='annotations/instances_train2017.json',
-        data_prefix=dict(img='train2017/'),
-        filter_cfg=dict(filter_empty_gt=True, min_size=32),
-        pipeline=train_pipeline,
-        backend_args=backend_args))
-val_dataloader = dict(
-    batch_size=1,
-    num_workers=2,
-    persistent_workers=True,
-    drop_last=False,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        ann_file='annotations/instances_val2017.json',
-        data_prefix=dict(img='val2017/'),
-        test_mode=True,
-        pipeline=test_pipeline,
-        backend_args=backend_args))
+    dataset=dict(pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
-
-val_evaluator = dict(
-    type='CocoMetric',
-    ann_file=data_root + 'annotations/instances_val2017.json',
-    metric='bbox',
-    format_only=False,
-    backend_args=backend_args)
-test_evaluator = val_evaluator

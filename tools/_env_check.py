@@ -1,16 +1,65 @@
 """Fail with one clear line, not a traceback, when a tool runs outside the environment.
 
-Standard library only: it must work under any Python.
+Standard library only at module level: it must work under any Python.
 """
+import os
 import sys
 
 FIX = ('Create or repair the environment with `bash tools/setup_env.sh` (README), then run tools '
        'with `.venv/bin/python tools/<tool>.py ...`.')
 
 
-def _die(message):
-    sys.stderr.write(f'aa_det: {message}\n{FIX}\n')
+def _die(message, fix=FIX):
+    sys.stderr.write(f'aa_det: {message}\n{fix}\n')
     raise SystemExit(2)
+
+
+def _cached_wheel_dir():
+    """The cached mmcv wheel dir this venv was installed from, as tools/setup_env.sh recorded it."""
+    try:
+        with open(os.path.join(sys.prefix, '.aa_det_env')) as f:
+            for line in f:
+                if line.startswith('wheel='):
+                    return line[len('wheel='):].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _nms_on_cuda():
+    """Run mmcv's NMS kernel once on the GPU this process would use (LOCAL_RANK under torchrun)."""
+    import torch
+    from mmcv.ops import nms
+    device = torch.device('cuda', int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count())
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]], device=device)
+    nms(boxes, torch.tensor([0.9, 0.8], device=device), 0.5)
+    torch.cuda.synchronize(device)
+
+
+def _check_cuda_ops():
+    """Where torch sees a GPU, mmcv's ops must have CUDA kernels that run on it."""
+    import torch
+    if not torch.cuda.is_available():
+        return
+    from mmcv.ops import get_compiling_cuda_version
+    wheel = _cached_wheel_dir()
+    if get_compiling_cuda_version() == 'not available':
+        where = f' (installed from {wheel})' if wheel else ''
+        stale = (f'delete {wheel} (a cached wheel without CUDA ops), then '
+                 if wheel and '-cuda' in os.path.basename(wheel) else '')
+        _die(f'torch sees a GPU but mmcv\'s compiled ops were built without CUDA{where}: '
+             'the first NMS on the GPU would fail.',
+             f'Fix: {stale}with nvcc on PATH run `AA_DET_FLAVOR=cuda bash tools/setup_env.sh` (README); '
+             'or run on the CPU, with the GPU hidden by CUDA_VISIBLE_DEVICES="".')
+    try:
+        _nms_on_cuda()
+    except Exception as e:  # noqa: BLE001  e.g. "no kernel image is available": built for another GPU
+        first = (str(e).strip().splitlines() or [''])[0]
+        _die(f'mmcv\'s CUDA ops fail on this GPU ({type(e).__name__}: {first}); a wheel built for other '
+             'GPU architectures gives "no kernel image is available".',
+             f'Fix: delete {wheel or "the cached wheel ~/.cache/aa_det/wheels/mmcv-*-cuda-*"} and run '
+             '`bash tools/setup_env.sh` again with nvcc on PATH (it builds for the GPUs torch sees, or '
+             'for TORCH_CUDA_ARCH_LIST).')
 
 
 def require_env():
@@ -27,6 +76,7 @@ def require_env():
     except Exception as e:  # noqa: BLE001  any failure here means a broken build
         _die(f'mmcv is installed without working compiled ops ({type(e).__name__}: {e}). '
              'Delete the cached wheel (~/.cache/aa_det/wheels/mmcv-*) and .venv to rebuild it.')
+    _check_cuda_ops()
     try:
         import aa_det  # noqa: F401
     except ImportError as e:

@@ -1,70 +1,255 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment with the pinned stack.
 #
-#   bash tools/setup_env.sh          # idempotent: a second run takes about a second
+#   bash tools/setup_env.sh          # idempotent: a second run returns at once (a few seconds
+#                                    # where NVIDIA GPUs are present: torch is asked for them)
 #
 # Environment variables (all optional):
-#   AA_DET_VENV         where the venv lives              (default: <repo>/.venv)
-#   AA_DET_PYTHON       interpreter that creates it       (default: python3.11)
-#   AA_DET_CONSTRAINTS  pins to install against           (default: requirements/constraints.txt)
-#   AA_DET_CACHE        where built mmcv wheels are kept  (default: ~/.cache/aa_det)
+#   AA_DET_VENV             where the venv lives              (default: <repo>/.venv)
+#   AA_DET_PYTHON           interpreter that creates it       (default: python3.11)
+#   AA_DET_CONSTRAINTS      pins to install against           (default: requirements/constraints.txt)
+#   AA_DET_CACHE            where built mmcv wheels are kept  (default: ~/.cache/aa_det)
+#   AA_DET_FLAVOR           auto | cpu | cuda: which mmcv ops to build. auto (default): cuda when
+#                           torch sees a GPU and nvcc is found (or a CUDA build for these GPUs is
+#                           already cached or installed), else cpu. cpu: CPU ops only, even on a GPU
+#                           machine. cuda: CUDA ops, also without a GPU (then set TORCH_CUDA_ARCH_LIST).
+#   AA_DET_TORCH_INDEX_URL  an extra package index for the torch/torchvision install, for another
+#                           CUDA variant of torch, e.g. https://download.pytorch.org/whl/cu126
+#                           (a venv that already has torch keeps it: start from a new venv)
+#   TORCH_CUDA_ARCH_LIST    GPU architectures of a cuda build, e.g. "8.0;9.0"
+#                           (default: those of the GPUs torch sees)
+#   CUDA_HOME, CXX          the CUDA toolkit ($CUDA_HOME/bin/nvcc, else nvcc on PATH) and the C++
+#                           compiler (default c++) of the mmcv build, as torch's builder uses them
 #
-# mmcv 2.1.0 exists on PyPI only as source. It is built once per (mmcv, torch, python, cpu|cuda)
-# key with MMCV_WITH_OPS=1, --no-build-isolation, setuptools<82 and -std=c++20 (torch 2.14's
-# headers need C++20; mmcv's setup.py asks for c++14/17), then cached as a wheel.
+# mmcv 2.1.0 exists on PyPI only as source. It is built once per (mmcv, torch, python, flavour and,
+# for cuda, GPU architectures) key with MMCV_WITH_OPS=1, --no-build-isolation, setuptools<82 and
+# -std=c++20 (torch 2.14's headers need C++20; mmcv's setup.py asks for c++14/17), then cached as a
+# wheel in $AA_DET_CACHE/wheels/mmcv-<ver>-torch<ver>-<py>-cpu or ...-cuda-arch<list>.
+# The venv's stamp records the same key, so a change of flavour or GPU re-installs the right wheel.
+# Anything missing that the run needs (venv module, Python.h, a C++20 compiler, a matching nvcc)
+# is reported in one line, exit status 2, before anything is downloaded where that can be known.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${AA_DET_VENV:-$ROOT/.venv}
 PYTHON=${AA_DET_PYTHON:-python3.11}
 CONSTRAINTS=${AA_DET_CONSTRAINTS:-$ROOT/requirements/constraints.txt}
 CACHE=${AA_DET_CACHE:-$HOME/.cache/aa_det}
+FLAVOR_WANTED=${AA_DET_FLAVOR:-auto}
+TORCH_INDEX=${AA_DET_TORCH_INDEX_URL:-}
 say() { echo "[aa_det setup] $*" >&2; }
+die() { say "$*"; exit 2; }
 
-[ -f "$CONSTRAINTS" ] || { say "constraints file not found: $CONSTRAINTS (AA_DET_CONSTRAINTS)"; exit 2; }
-KEY=$(cat "$CONSTRAINTS" "$ROOT/setup.py" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
-STAMP="$VENV/.aa_det_env"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && [ -x "$VENV/bin/python" ]; then
-  exit 0
+case "$FLAVOR_WANTED" in auto | cpu | cuda) ;; *) die "AA_DET_FLAVOR must be auto, cpu or cuda, not '$FLAVOR_WANTED'" ;; esac
+[ -f "$CONSTRAINTS" ] || die "constraints file not found: $CONSTRAINTS (AA_DET_CONSTRAINTS)"
+MMCV_VER=$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
+[ -n "$MMCV_VER" ] || die "no 'mmcv==X' pin in $CONSTRAINTS"
+TORCH_PIN=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")   # empty: torch not pinned
+KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
+STAMP="$VENV/.aa_det_env"   # line 1: "<KEY> <flavour> <arch>"; line 2: "wheel=<cached wheel dir>"
+PY_TAG=                     # set by read_venv
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+# The nvcc torch's extension builder uses: $CUDA_HOME/bin/nvcc (or $CUDA_PATH/...), else from PATH.
+find_nvcc() {
+  local home=${CUDA_HOME:-${CUDA_PATH:-}}
+  if [ -n "$home" ]; then
+    if [ -x "$home/bin/nvcc" ]; then echo "$home/bin/nvcc"; fi
+  else
+    command -v nvcc || true
+  fi
+}
+
+# Compute capabilities of the GPUs torch sees ("8.0;9.0"), empty if none. torch is imported (seconds)
+# only where NVIDIA device files exist; without them no GPU can be visible.
+gpu_archs() {
+  nvidia_devices || return 0
+  "$VENV/bin/python" -c 'import torch; c = torch.cuda
+print(";".join(sorted({"%d.%d" % c.get_device_capability(i) for i in range(c.device_count())}))
+      if c.is_available() else "")' 2>/dev/null || true
+}
+
+nvidia_devices() {
+  local f
+  for f in /dev/nvidia[0-9]* /dev/dxg; do if [ -e "$f" ]; then return 0; fi; done
+  return 1
+}
+
+# Which ops mmcv gets: sets FLAVOR (cpu|cuda), NVCC, GPUS, ARCH_LIST ("8.0;9.0", for
+# TORCH_CUDA_ARCH_LIST) and ARCH (the same as a name part, "8.0_9.0"; "-" for cpu; empty for cuda
+# without a known architecture). auto picks cuda when torch sees a GPU and nvcc is found, or when a
+# CUDA build for these GPUs is already installed or cached (nvcc is needed only to build).
+resolve_target() {
+  FLAVOR=cpu ARCH=- ARCH_LIST= GPUS= NVCC=$(find_nvcc)
+  if [ "$FLAVOR_WANTED" = cpu ]; then return 0; fi
+  if [ "$FLAVOR_WANTED" = auto ] || [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then GPUS=$(gpu_archs); fi
+  if [ "$FLAVOR_WANTED" = auto ] && [ -z "$GPUS" ]; then return 0; fi
+  ARCH_LIST=$(echo "${TORCH_CUDA_ARCH_LIST:-$GPUS}" | tr ' ,;' '\n\n\n' | sed '/^$/d' | sort -u | paste -sd';')
+  ARCH=$(echo "$ARCH_LIST" | tr ';' '_' | tr -c 'A-Za-z0-9.+_\n' '-')
+  if [ "$FLAVOR_WANTED" = auto ] && [ -z "$NVCC" ] && ! cuda_build_ready; then
+    ARCH=- ARCH_LIST=
+    return 0
+  fi
+  FLAVOR=cuda
+}
+
+# auto without nvcc: is a CUDA build for these GPUs installed (stamp) or cached?
+cuda_build_ready() {
+  if [ "$(head -n1 "$STAMP" 2>/dev/null)" = "$KEY cuda $ARCH" ]; then return 0; fi
+  if [ -z "$PY_TAG" ]; then read_venv; fi
+  ls "$(wheel_dir cuda)"/mmcv-*.whl >/dev/null 2>&1
+}
+
+# What the venv holds, read without importing torch: PY_TAG (cp311), TORCH_VER ("2.14.1+cu130",
+# "-" if absent), TORCH_CUDA (torch's CUDA version, "None" for a CPU build), PY_INCLUDE (Python.h dir).
+read_venv() {
+  local info
+  info=$("$VENV/bin/python" -c 'import importlib.util, os, sys, sysconfig
+spec, ns = importlib.util.find_spec("torch"), {"__version__": "-", "cuda": "-"}
+if spec and spec.origin:
+    exec(open(os.path.join(os.path.dirname(spec.origin), "version.py")).read(), ns)
+print("cp%d%d" % sys.version_info[:2], ns["__version__"], ns["cuda"], sysconfig.get_paths()["include"])')
+  read -r PY_TAG TORCH_VER TORCH_CUDA PY_INCLUDE <<<"$info"
+}
+
+# A cuda build needs a torch built for CUDA, an nvcc of the same CUDA major version (torch's
+# extension builder refuses another one, after minutes of downloads) and known GPU architectures.
+check_cuda_toolkit() {
+  if [ "$FLAVOR" != cuda ]; then return 0; fi
+  [ -n "$NVCC" ] || die "a CUDA build of mmcv needs the CUDA toolkit's nvcc: none $( [ -n "${CUDA_HOME:-${CUDA_PATH:-}}" ] && echo "in ${CUDA_HOME:-$CUDA_PATH}/bin (CUDA_HOME)" || echo "on PATH"); install the toolkit, or build CPU-only ops with AA_DET_FLAVOR=cpu"
+  [ "$TORCH_CUDA" != None ] || die "torch $TORCH_VER is a CPU-only build: no CUDA ops can be built against it (AA_DET_FLAVOR=cpu, or a CUDA torch via AA_DET_TORCH_INDEX_URL in a new venv; README)"
+  local nv
+  nv=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n1)
+  [ -n "$nv" ] || die "cannot read a CUDA version from '$NVCC --version'"
+  if [ "${nv%%.*}" != "${TORCH_CUDA%%.*}" ]; then
+    die "nvcc $nv ($NVCC) does not match torch $TORCH_VER, built for CUDA $TORCH_CUDA: torch builds CUDA extensions only with the same CUDA major version. Fix: put a CUDA ${TORCH_CUDA%%.*}.x nvcc first on PATH (or set CUDA_HOME); or use a torch built for CUDA ${nv%%.*}: rm -rf $VENV && AA_DET_TORCH_INDEX_URL=https://download.pytorch.org/whl/cu${nv%%.*}X bash tools/setup_env.sh (cu${nv%%.*}X: a CUDA ${nv%%.*} variant pytorch.org offers for torch ${TORCH_VER%%+*}); or build CPU-only ops: AA_DET_FLAVOR=cpu"
+  fi
+  [ -n "$ARCH" ] || die "AA_DET_FLAVOR=cuda but torch sees no GPU: set TORCH_CUDA_ARCH_LIST to the architectures to build for (e.g. 9.0 for H100)"
+}
+
+# Building mmcv needs Python's headers and a C++ compiler that accepts -std=c++20.
+check_build_tools() {
+  local pyver="${PY_TAG:2:1}.${PY_TAG:3}" cxx=${CXX:-c++}
+  [ -f "$PY_INCLUDE/Python.h" ] || die "no Python.h in $PY_INCLUDE: building mmcv needs Python's headers (Debian/Ubuntu: apt-get install python$pyver-dev)"
+  printf '#include <concepts>\n#if __cplusplus < 202002L\n#error\n#endif\ntemplate <class T> concept Any = true;\nint main() {}\n' |
+    $cxx -std=c++20 -x c++ -fsyntax-only - >/dev/null 2>&1 ||
+    die "C++ compiler '$cxx' (\$CXX, default c++) is missing or does not accept -std=c++20, which building mmcv against torch needs (Debian/Ubuntu: apt-get install g++, GCC 10 or newer)"
+}
+
+wheel_dir() {  # [flavour]
+  if [ "${1:-$FLAVOR}" = cuda ]; then
+    echo "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_VER-$PY_TAG-cuda-arch$ARCH"
+  else
+    echo "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_VER-$PY_TAG-cpu"   # the name of earlier versions
+  fi
+}
+have_wheel() { ls "$WHEELS"/mmcv-*.whl >/dev/null 2>&1; }
+
+# With torch in the venv: decide the mmcv build (FLAVOR, ARCH, WHEELS); unless its wheel is cached,
+# check what building it needs.
+plan_mmcv() {
+  resolve_target
+  WHEELS=$(wheel_dir)
+  if [ "$FLAVOR_WANTED" = auto ] && [ "$FLAVOR" = cpu ] && [ -n "$GPUS" ]; then
+    say "note: torch sees a GPU but there is no nvcc: mmcv gets CPU ops only; for GPU runs install the CUDA toolkit and run this again"
+  fi
+  if have_wheel; then return 0; fi
+  check_cuda_toolkit
+  check_build_tools
+}
+
+# During the build, one line a minute: elapsed time and compiled files (out of the sources).
+heartbeat() {
+  local src=$1 start=$SECONDS total
+  total=$(ls "$src"/mmcv/ops/csrc/pytorch/*.cpp "$src"/mmcv/ops/csrc/pytorch/cpu/*.cpp 2>/dev/null | wc -l)
+  if [ "$FLAVOR" = cuda ]; then
+    total=$((total + $(ls "$src"/mmcv/ops/csrc/pytorch/cuda/*.cu "$src"/mmcv/ops/csrc/pytorch/cuda/*.cpp 2>/dev/null | wc -l)))
+  fi
+  while sleep 60 </dev/null >/dev/null 2>&1; do
+    say "still building mmcv: $(((SECONDS - start) / 60)) min, $(find "$src" -name '*.o' | wc -l)/$total files compiled"
+  done
+}
+
+# ---- fast path: nothing changed since the last successful run ------------------------------------
+if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ]; then
+  resolve_target
+  if [ "$(head -n1 "$STAMP")" = "$KEY $FLAVOR $ARCH" ]; then exit 0; fi
 fi
 
+# ---- 1. the venv --------------------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PYTHON" >/dev/null || { say "no '$PYTHON' on PATH; set AA_DET_PYTHON"; exit 2; }
+  command -v "$PYTHON" >/dev/null || die "no '$PYTHON' on PATH; set AA_DET_PYTHON"
+  if ! "$PYTHON" -c 'import venv, ensurepip; ensurepip.version()' >/dev/null 2>&1; then
+    pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3)
+    die "$PYTHON cannot create a venv with pip: no ensurepip module (Debian/Ubuntu: apt-get install python$pyver-venv)"
+  fi
   say "creating $VENV with $PYTHON"
   "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIP_NOQ=("$VENV/bin/python" -m pip --disable-pip-version-check)
+PIP=("${PIP_NOQ[@]}" -q)
 PIN=(-c "$CONSTRAINTS")
 
-say "installing torch, torchvision and build tools"
-"${PIP[@]}" install "${PIN[@]}" 'setuptools<82' wheel ninja torch torchvision
+# ---- 2. checks before any download --------------------------------------------------------------
+# If the venv's torch satisfies the pin, the install below keeps it: the mmcv build can be planned
+# and checked now. Otherwise a build is certain when no wheel of this mmcv, torch pin and python is
+# cached in any flavour, so its tools are checked now; the plan follows the torch install.
+read_venv
+TORCH_KEPT=0
+if [ "$TORCH_VER" != - ] && { [ -z "$TORCH_PIN" ] || [ "$TORCH_PIN" = "$TORCH_VER" ] || [ "$TORCH_PIN" = "${TORCH_VER%%+*}" ]; }; then
+  TORCH_KEPT=1
+  plan_mmcv
+elif ! ls "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_PIN"*"-$PY_TAG-"*/mmcv-*.whl >/dev/null 2>&1; then
+  check_build_tools
+fi
 
-MMCV_VER=$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
-[ -n "$MMCV_VER" ] || { say "no 'mmcv==X' pin in $CONSTRAINTS"; exit 2; }
-read -r TORCH_VER PY_TAG HAS_CUDA < <("$VENV/bin/python" -c \
-  'import sys, torch; print(torch.__version__, f"cp{sys.version_info[0]}{sys.version_info[1]}", int(torch.cuda.is_available()))')
-FLAVOR=cpu
-if [ "$HAS_CUDA" = 1 ] && command -v nvcc >/dev/null; then FLAVOR=cuda; fi
-WHEELS="$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_VER-$PY_TAG-$FLAVOR"
-if ! ls "$WHEELS"/mmcv-*.whl >/dev/null 2>&1; then
-  say "building mmcv $MMCV_VER with ops for torch $TORCH_VER ($FLAVOR); ~8 min on 2 cores (CPU), longer with CUDA"
+# ---- 3. torch -----------------------------------------------------------------------------------
+TORCH_ARGS=("${PIN[@]}" 'setuptools<82' wheel ninja torch torchvision)
+if [ -n "$TORCH_INDEX" ]; then TORCH_ARGS+=(--extra-index-url "$TORCH_INDEX"); fi
+BEFORE=$TORCH_VER
+if [ "$TORCH_KEPT" = 1 ]; then
+  say "checking torch, torchvision and build tools"
+  "${PIP[@]}" install "${TORCH_ARGS[@]}"
+else
+  say "installing torch, torchvision and build tools (a few GB to download with torch's CUDA libraries)"
+  "${PIP_NOQ[@]}" install "${TORCH_ARGS[@]}"   # not -q: pip's progress bars show
+fi
+read_venv
+if [ "$TORCH_KEPT" = 0 ] || [ "$TORCH_VER" != "$BEFORE" ]; then plan_mmcv; fi
+
+# ---- 4. mmcv, built once per key ----------------------------------------------------------------
+if ! have_wheel; then
+  say "building mmcv $MMCV_VER with ops for torch $TORCH_VER ($FLAVOR${ARCH_LIST:+, arch $ARCH_LIST}); ~5 min on 2 cores (CPU), longer with CUDA"
   SRC=$(mktemp -d)
-  trap 'rm -rf "$SRC"' EXIT
+  HEARTBEAT=
+  cleanup() { if [ -n "$HEARTBEAT" ]; then kill "$HEARTBEAT" 2>/dev/null || true; fi; rm -rf "$SRC"; }
+  trap cleanup EXIT
   "${PIP[@]}" download --no-deps --no-binary :all: -d "$SRC" "mmcv==$MMCV_VER"
   tar xzf "$SRC"/mmcv-"$MMCV_VER".tar.gz -C "$SRC"
   sed -i 's/-std=c++1[47]/-std=c++20/g' "$SRC/mmcv-$MMCV_VER/setup.py"
-  mkdir -p "$WHEELS.partial"
-  EXTRA=()
-  [ "$FLAVOR" = cuda ] && EXTRA=(FORCE_CUDA=1)
+  if [ "$FLAVOR" = cuda ]; then
+    BUILD_ENV=(FORCE_CUDA=1 "TORCH_CUDA_ARCH_LIST=$ARCH_LIST")
+  else
+    # mmcv's setup.py adds CUDA ops whenever torch sees a GPU: hide it for a CPU-only build
+    BUILD_ENV=(FORCE_CUDA=0 CUDA_VISIBLE_DEVICES=)
+  fi
+  rm -rf "$WHEELS.partial" && mkdir -p "$WHEELS.partial"
+  heartbeat "$SRC/mmcv-$MMCV_VER" &
+  HEARTBEAT=$!
   # -g0: no debug info (Python's own CFLAGS carry -g), a faster build and a smaller wheel
-  (cd "$SRC/mmcv-$MMCV_VER" && env MMCV_WITH_OPS=1 MAX_JOBS="$(nproc)" CFLAGS="-g0" "${EXTRA[@]}" \
+  (cd "$SRC/mmcv-$MMCV_VER" && env MMCV_WITH_OPS=1 MAX_JOBS="$(nproc)" CFLAGS="-g0" "${BUILD_ENV[@]}" \
      "$VENV/bin/python" -m pip --disable-pip-version-check -q wheel --no-build-isolation --no-deps \
      -w "$WHEELS.partial" .)
+  kill "$HEARTBEAT" 2>/dev/null || true
+  HEARTBEAT=
   rm -rf "$WHEELS" && mv "$WHEELS.partial" "$WHEELS"
 fi
 
-say "installing mmcv (cached wheel), mmengine, mmdet, pycocotools and aa_det"
-"${PIP[@]}" install "${PIN[@]}" "$WHEELS"/mmcv-*.whl
+# ---- 5. the rest, and the stamp -----------------------------------------------------------------
+say "installing mmcv (cached wheel, $FLAVOR), mmengine, mmdet, pycocotools and aa_det"
+# --force-reinstall: pip keeps an installed mmcv of the same version, even of another flavour
+"${PIP[@]}" install "${PIN[@]}" --force-reinstall --no-deps "$WHEELS"/mmcv-*.whl
 "${PIP[@]}" install "${PIN[@]}" --no-build-isolation -e "$ROOT[tests]"
 "$VENV/bin/python" -c 'import mmcv.ops, mmdet, aa_det' || { say "import check failed"; exit 1; }
-echo "$KEY" > "$STAMP"
-say "environment ready: $VENV"
+printf '%s\nwheel=%s\n' "$KEY $FLAVOR $ARCH" "$WHEELS" >"$STAMP"
+say "environment ready: $VENV ($FLAVOR ops)"

@@ -147,12 +147,22 @@ def test_vis_detections_bad_paths_are_named(tiny_detector, tmp_path):
     fails_clearly(run(VIS, DEMO, tiny_detector['with_meta'], empty), 'no images', empty)
 
 
-@pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv2'), ('GSAResNet', 'layer2.1.conv2')])
-def test_vis_attention_draws_a_grid(backbone, layer, tmp_path):
+@pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv1'), ('GSAResNet', 'layer2.1.conv2')])
+def test_vis_attention_draws_a_grid(tiny_detector, backbone, layer, tmp_path):
+    """CONFIG CHECKPOINT, as every tool: the demo detector's checkpoint; a GSA classifier's."""
+    vis = osp.join(ROOT, 'tools/vis_attention.py')
+    if backbone == 'AAResNet':
+        config, ckpt = DEMO, tiny_detector['with_meta']
+    else:
+        config = osp.join(ROOT, 'configs/imagenet/gsa-r38_16xb128-90e_imagenet.py')
+        from mmdet.registry import MODELS
+        from mmengine.registry import init_default_scope
+        init_default_scope('mmdet')
+        ckpt = tmp_path / 'gsa.pth'
+        torch.save({'state_dict': MODELS.build(load_config(config).model).state_dict()}, ckpt)
     out_png = tmp_path / 'att.png'
-    out = run(osp.join(ROOT, 'tools/vis_attention.py'), '--backbone', backbone, '--layer', layer,
-              '--positions', '10,12', '0.5,0.5', '--out', out_png)
+    out = run(vis, config, ckpt, '--layer', layer, '--positions', '10,12', '0.5,0.5', '--out', out_png)
     assert out.returncode == 0, out.stderr[-2000:]
     assert Image.open(out_png).size[0] > 100
-    fails_clearly(run(osp.join(ROOT, 'tools/vis_attention.py'), '--backbone', backbone, '--layer', 'layer9.0',
-                      '--out', out_png), 'layer9.0')
+    fails_clearly(run(vis, config, ckpt, '--layer', 'layer9.0', '--out', out_png), 'layer9.0')
+    fails_clearly(run(vis, config, tmp_path / 'missing.pth', '--out', out_png), 'missing.pth')

@@ -3,10 +3,12 @@
 AA layers: one PNG grid, rows = heads, columns = query positions. GSA layers: content
 and positional maps (rows = heads, columns = position x {content, positional}).
 
-    .venv/bin/python tools/vis_attention.py --backbone AAResNet --layer layer3.0.conv2 \\
-        --positions 40,60 100,150 --out attention.png [--image IMG] [--checkpoint CKPT]
+    .venv/bin/python tools/vis_attention.py CONFIG CHECKPOINT --layer layer3.0.conv2 \\
+        --positions 40,60 100,150 --out attention.png [--image IMG]
 
-Without --image, a generated shapes scene is used; without --checkpoint, random init.
+CONFIG is a detection or classification config, CHECKPOINT a checkpoint of it (the demo
+detector's work_dirs/demo_shapes/epoch_12.pth, say); the maps are of its backbone.
+Without --image, a generated shapes scene is used.
 The maps come from the layers' ``attention_weights`` method, a separate path: the
 normal forward is not changed or slowed by it.
 """
@@ -15,7 +17,7 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+from _env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
@@ -27,10 +29,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmdet.registry import MODELS  # noqa: E402
-from mmengine.runner.checkpoint import _load_checkpoint_with_prefix  # noqa: E402
+from mmengine.registry import init_default_scope  # noqa: E402
+from mmengine.runner import load_checkpoint  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import aa_det  # noqa: E402,F401
+from aa_det.apis import ConfigError, load_config  # noqa: E402
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d  # noqa: E402
 
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])
@@ -38,9 +41,8 @@ MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--backbone', default='AAResNet', choices=['AAResNet', 'GSAResNet'])
-    parser.add_argument('--depth', type=int, default=50)
-    parser.add_argument('--checkpoint', help='classification or detection checkpoint (backbone.* keys)')
+    parser.add_argument('config', help='detection or classification config')
+    parser.add_argument('checkpoint', help='a checkpoint of that model')
     parser.add_argument('--layer', default='layer3.0.conv2', help='module name of an AA conv / GSA module')
     parser.add_argument('--image', help='image file; default: a generated shapes scene')
     parser.add_argument('--size', type=int, default=224, help='short side the image is resized to')
@@ -53,7 +55,7 @@ def parse_args():
 def load_image(path, size):
     if path is None:
         from aa_det.datasets.synthetic_shapes import _scene
-        image, _ = _scene(np.random.default_rng(0), size, 4)
+        image, _ = _scene(np.random.default_rng(0), size, 4, size)
     else:
         if not osp.isfile(path):
             raise SystemExit(f'aa_det: --image not found: {path}')
@@ -79,9 +81,13 @@ def parse_positions(specs, height, width):
 
 def main():
     args = parse_args()
-    backbone = MODELS.build(dict(type=args.backbone, depth=args.depth))
-    if args.checkpoint:
-        backbone.load_state_dict(_load_checkpoint_with_prefix('backbone.', args.checkpoint, 'cpu'))
+    cfg = load_config(args.config)
+    if not osp.isfile(args.checkpoint):
+        raise ConfigError(f'checkpoint file not found: {args.checkpoint}')
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    model = MODELS.build(cfg.model)
+    load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
+    backbone = model.backbone
     backbone.eval()
     layer = dict(backbone.named_modules()).get(args.layer)
     if not isinstance(layer, (AAConv2d, GlobalSelfAttention2d)):
@@ -125,12 +131,11 @@ def main():
                     ax.set_title(f'({int(r)},{int(c)}) {kind}', fontsize=8)
                 if col == 0:
                     ax.set_ylabel(f'head {head}', fontsize=8)
-    fig.suptitle(f'{args.backbone}-{args.depth} {args.layer} ({"trained" if args.checkpoint else "random init"})',
-                 fontsize=10)
+    fig.suptitle(f'{type(backbone).__name__} {args.layer} ({osp.basename(args.checkpoint)})', fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=80)
     print(f'wrote {args.out}: {heads} heads x {len(positions)} positions ({", ".join(kinds)})')
 
 
 if __name__ == '__main__':
-    main()
+    run_cli(main)

@@ -18,6 +18,8 @@ setup(
         'mmdet>=3.3.0,<3.4',
         'pycocotools',
         'matplotlib',
+        'tensorboard',  # mmengine's TensorboardVisBackend (optional logging backend)
+        'psutil',  # mmdet's analysis_tools/benchmark.py
     ],
     extras_require={'tests': ['pytest']},
 )

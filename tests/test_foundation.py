@@ -1,5 +1,6 @@
 """Registration, safe checkpoint loading with a real mmengine Runner, environment errors."""
 import os
+import pickle
 import subprocess
 import sys
 
@@ -57,7 +58,7 @@ class ToyDataset(Dataset):
         return dict(inputs=torch.randn(2, generator=g), labels=torch.tensor(1.0))
 
 
-def _runner(work_dir, max_epochs, resume):
+def _runner(work_dir, max_epochs, resume, load_from=None):
     return Runner(model=ToyModel(), work_dir=str(work_dir),
                   train_dataloader=dict(dataset=ToyDataset(), batch_size=3, num_workers=0,
                                         sampler=dict(type='DefaultSampler', shuffle=True)),
@@ -65,25 +66,35 @@ def _runner(work_dir, max_epochs, resume):
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
                   param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True, begin=0, end=10),
                   default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
-                  resume=resume, default_scope='mmdet')
+                  resume=resume, load_from=load_from, default_scope='mmdet')
 
 
 def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
-    import aa_det  # noqa: F401  allow-lists the checkpoint types
+    """The allow-list applies to mmengine's checkpoint loader only: resume and load_from work,
+    a plain torch.load(weights_only=True) in the same process still refuses the checkpoint."""
+    import aa_det  # noqa: F401  wraps mmengine's local checkpoint loader
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    from aa_det.utils import mmengine_safe_globals
     _runner(tmp_path, 1, False).train()
     ckpt = tmp_path / 'epoch_1.pth'
-    # What the checkpoint holds beyond tensors is exactly what aa_det allow-lists.
-    state = torch.load(ckpt, map_location='cpu', weights_only=True)
-    assert 'message_hub' in state and 'log_scalars' in state['message_hub']
-    # Without aa_det the safe loader refuses it (the bug this fixes).
-    code = f'import torch; torch.load({str(ckpt)!r}, weights_only=True)'
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
-    assert out.returncode != 0 and 'HistoryBuffer' in out.stderr
+    # What the checkpoint holds beyond tensors is in the allow-list (getattr included).
+    needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt)))
+    allowed = {f'{g.__module__}.{g.__qualname__}' for g in mmengine_safe_globals()}
+    assert 'builtins.getattr' in needed and needed <= allowed, needed - allowed
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(ckpt, map_location='cpu', weights_only=True)
     runner = _runner(tmp_path, 2, True)
     runner.train()
     assert runner.iter == 8 and runner.epoch == 2
     assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(0.001)  # schedule state resumed
     assert (tmp_path / 'epoch_2.pth').exists()
+    loaded = _runner(tmp_path / 'load_from', 1, False, load_from=str(tmp_path / 'epoch_2.pth'))
+    loaded.load_or_resume()
+    assert torch.equal(loaded.model.linear.weight, runner.model.linear.weight)
+    assert HistoryBuffer not in torch.serialization.get_safe_globals()  # the allow-list was scoped
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(tmp_path / 'epoch_2.pth', map_location='cpu', weights_only=True)
 
 
 def test_tools_fail_clearly_outside_the_environment(tmp_path):

@@ -64,6 +64,10 @@ def _check_cuda_ops():
 
 def require_env():
     """Import the stack and aa_det, or exit 2 saying what is wrong and how to fix it."""
+    import warnings
+    # mmengine imports pkg_resources (deprecated by setuptools) when a config names an
+    # ``mmdet::`` base; the warning says nothing to the user and would precede our one line.
+    warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
     try:
         import torch  # noqa: F401
         import mmengine  # noqa: F401

@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint (mmdet's tools/test.py semantics); COCO bbox mAP via CocoMetric.
+"""Evaluate a checkpoint (mmdet's tools/test.py semantics); COCO bbox mAP via CocoMetric
+(LenientCocoMetric: also for annotation files without `info`).
 
     .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
         [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
@@ -44,7 +45,7 @@ def main():
         cfg.test_evaluator = [cfg.test_evaluator] if isinstance(cfg.test_evaluator, dict) \
             else list(cfg.test_evaluator)
         cfg.test_evaluator.append(dict(type='DumpDetResults', out_file_path=args.out))
-    build_runner(cfg).test()
+    build_runner(cfg, splits=('test',)).test()
 
 
 if __name__ == '__main__':

@@ -4,7 +4,8 @@
         [--auto-scale-lr] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
 Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
-in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU.
+in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU
+(CPUAmpOptimWrapper), COCO annotation files without `info` evaluate (LenientCocoMetric).
 """
 import argparse
 import os
@@ -25,7 +26,9 @@ def parse_args():
     parser = argparse.ArgumentParser(description='Train a model')
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the dir to save logs and models')
-    parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    parser.add_argument('--amp', action='store_true',
+                        help='automatic mixed precision: fp16 with dynamic loss scale on CUDA, '
+                             'bf16 autocast on the CPU')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale lr by total batch / auto_scale_lr.base_batch_size')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',

@@ -28,6 +28,7 @@ from mmdet.utils.misc import IMG_EXTENSIONS  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
 from aa_det.apis import load_config  # noqa: E402
+from aa_det.utils import mmengine_checkpoint_globals  # noqa: E402
 
 
 def parse_args():
@@ -62,12 +63,13 @@ def checkpoint_has_classes(path):
 
     mmap keeps this cheap: tensors are not read. Also turns an unreadable file into one line."""
     try:
-        try:
-            ckpt = torch.load(path, map_location='cpu', mmap=True)
-        except RuntimeError as e:
-            if 'mmap' not in str(e):
-                raise
-            ckpt = torch.load(path, map_location='cpu')  # legacy (non-zip) format
+        with mmengine_checkpoint_globals():  # what a Runner checkpoint holds, allowed here only
+            try:
+                ckpt = torch.load(path, map_location='cpu', mmap=True)
+            except RuntimeError as e:
+                if 'mmap' not in str(e):
+                    raise
+                ckpt = torch.load(path, map_location='cpu')  # legacy (non-zip) format
     except Exception as e:  # noqa: BLE001  anything torch.load rejects
         raise SystemExit(f'aa_det: cannot read checkpoint {path} ({type(e).__name__}: '
                          f'{str(e).splitlines()[0] if str(e) else ""})') from None

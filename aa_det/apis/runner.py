@@ -1,6 +1,7 @@
 """Config loading and Runner construction shared by tools/train.py and tools/test.py."""
-import json
+import mmap
 import os.path as osp
+import re
 from typing import Optional
 
 import torch
@@ -14,16 +15,16 @@ class ConfigError(ValueError):
     """A config or a file it points at is unusable; the message names it."""
 
 
-def _replace_norm(cfg, old: str, new: str):
-    """Recursively replace ``type=old`` norm configs by ``type=new``."""
+def _replace_type(cfg, old: str, new: str):
+    """Recursively replace ``type=old`` configs by ``type=new``."""
     if isinstance(cfg, dict):
         if cfg.get('type') == old:
             cfg['type'] = new
         for value in cfg.values():
-            _replace_norm(value, old, new)
+            _replace_type(value, old, new)
     elif isinstance(cfg, (list, tuple)):
         for value in cfg:
-            _replace_norm(value, old, new)
+            _replace_type(value, old, new)
 
 
 def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
@@ -34,8 +35,12 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     * ``launcher='none'`` or no CUDA: SyncBN -> BN (SyncBN runs only on GPUs in
       a process group).
     * no CUDA: distributed runs on the CPU (gloo, DDP without device ids).
-    * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale on CUDA,
-      bf16 autocast on the CPU).
+    * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale) on CUDA.
+      Without CUDA, where mmengine's ``AmpOptimWrapper`` asserts a GPU, ``amp``
+      or an ``AmpOptimWrapper`` in the config becomes ``CPUAmpOptimWrapper``
+      (bf16 autocast, no loss scale; ``loss_scale`` / ``dtype`` are dropped).
+    * ``CocoMetric`` in the val / test evaluators becomes ``LenientCocoMetric``
+      (the same metric; it also accepts annotation files without ``info``).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
     """
     if not osp.isfile(path):
@@ -49,7 +54,7 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
     if launcher == 'none' or not torch.cuda.is_available():
-        _replace_norm(cfg.model, 'SyncBN', 'BN')
+        _replace_type(cfg.model, 'SyncBN', 'BN')
     if not torch.cuda.is_available() and cfg.get('env_cfg', {}).get('dist_cfg'):
         cfg.env_cfg.dist_cfg.backend = 'gloo'
     if launcher != 'none' and not torch.cuda.is_available() and cfg.get('model_wrapper_cfg') is None:
@@ -62,8 +67,12 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         if torch.cuda.is_available():
             cfg.optim_wrapper.loss_scale = 'dynamic'
-        else:
-            cfg.optim_wrapper.dtype = 'bfloat16'
+    if not torch.cuda.is_available() and cfg.get('optim_wrapper', {}).get('type') == 'AmpOptimWrapper':
+        for key in ('loss_scale', 'dtype', 'use_fsdp'):
+            cfg.optim_wrapper.pop(key, None)
+        cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+    for name in ('val_evaluator', 'test_evaluator'):
+        _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
     if auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{path}: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
@@ -77,23 +86,45 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     return cfg
 
 
+_COCO_KEYS = {key: re.compile(rb'"%s"\s*:' % key.encode()) for key in ('images', 'annotations', 'categories')}
+_LEADING_SPACE = re.compile(rb'\s*')
+
+
 def check_coco_annotation(ann_file: str):
-    """Fail with the file's name unless it is a readable COCO detection json."""
+    """Fail with the file's name unless it looks like a COCO detection json.
+
+    A cheap check, not a parse (mmdet parses the file right after, in every
+    rank): the file, memory-mapped, must be one JSON object (``{`` ... ``}``)
+    naming the keys ``"images":``, ``"annotations":`` and ``"categories":``
+    (searched in C by ``re``, anywhere in the file).
+    """
     if not osp.isfile(ann_file):
         raise ConfigError(f'annotation file not found: {ann_file}')
     try:
-        with open(ann_file) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f'annotation file is not valid JSON: {ann_file} ({e})') from e
-    missing = [k for k in ('images', 'annotations', 'categories') if not isinstance(data, dict) or k not in data]
+        with open(ann_file, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            end = len(data)
+            while end and data[end - 1] in b' \t\r\n':
+                end -= 1
+            start = _LEADING_SPACE.match(data).end()
+            is_object = start < end and data[start] == ord('{') and data[end - 1] == ord('}')
+            missing = [key for key, pattern in _COCO_KEYS.items() if not pattern.search(data)]
+    except ValueError:  # mmap refuses an empty file
+        is_object = False
+    except OSError as e:
+        raise ConfigError(f'annotation file cannot be read: {ann_file} ({e})') from e
+    if not is_object:
+        raise ConfigError(f'annotation file is not a JSON object ({{...}}): {ann_file}')
     if missing:
         raise ConfigError(f'annotation file is not COCO format (no {", ".join(missing)}): {ann_file}')
 
 
-def check_datasets(cfg: Config):
-    """Every dataloader's annotation file and image folder exist (COCO ones are checked too)."""
-    for name in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+def check_datasets(cfg: Config, splits=('train', 'val', 'test')):
+    """Every dataloader's annotation file and image folder exist (COCO ones are checked too).
+
+    Args:
+        splits (Sequence[str]): the dataloaders the run uses (``tools/test.py``: ``('test',)``).
+    """
+    for name in (f'{split}_dataloader' for split in splits):
         loader = cfg.get(name)
         if not loader or 'dataset' not in loader:
             continue
@@ -132,10 +163,10 @@ def check_pretrained(cfg: Config):
     visit(cfg.get('model', {}), 'model')
 
 
-def build_runner(cfg: Config) -> Runner:
-    """Check the data and checkpoint paths, then build mmengine's Runner (or the
-    config's runner_type)."""
-    check_datasets(cfg)
+def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
+    """Check the data of ``splits`` and the checkpoint paths, then build mmengine's Runner
+    (or the config's runner_type)."""
+    check_datasets(cfg, splits)
     check_pretrained(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the

@@ -1,3 +1,3 @@
-from .safe_load import register_safe_globals
+from .safe_load import mmengine_checkpoint_globals, mmengine_safe_globals, register_checkpoint_loader
 
-__all__ = ['register_safe_globals']
+__all__ = ['mmengine_checkpoint_globals', 'mmengine_safe_globals', 'register_checkpoint_loader']

@@ -1,38 +1,77 @@
-"""Safe checkpoint loading for mmengine checkpoints on torch >= 2.6.
+"""Safe loading of mmengine checkpoints on torch >= 2.6, scoped to checkpoint loading.
 
-torch.load defaults to ``weights_only=True``; mmengine 0.10.7 checkpoints hold a
-MessageHub state with ``HistoryBuffer`` objects and numpy arrays / scalars, so
-``--resume`` and ``load_from`` fail with ``Unsupported global: ...HistoryBuffer``.
-We keep the safe unpickler and allow-list exactly those types.
+torch.load defaults to ``weights_only=True``; mmengine 0.10.7 Runner checkpoints
+hold a MessageHub state with ``HistoryBuffer`` objects and numpy arrays /
+scalars, so ``--resume`` and ``load_from`` fail with
+``Unsupported global: ...HistoryBuffer``. We keep the safe unpickler and
+allow-list exactly those types, only while mmengine's checkpoint loader runs:
+:func:`register_checkpoint_loader` (called by ``import aa_det``) re-registers
+mmengine's loader of local files (``CheckpointLoader`` scheme ``''``, what
+``Runner.resume``, ``load_from``, ``load_checkpoint`` and ``Pretrained``
+init use) with a wrapper that loads inside
+``torch.serialization.safe_globals``. A ``torch.load`` elsewhere in the
+process keeps torch's own allow-list.
 """
+import functools
+from contextlib import nullcontext
+
 import numpy as np
 import torch
-
-
-def _numpy_globals():
-    """numpy types that pickled arrays and scalars reference (numpy 1.x and 2.x)."""
-    try:  # numpy >= 2
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct, scalar
-    dtypes = [type(np.dtype(t)) for t in (np.float64, np.float32, np.float16, np.int64, np.int32,
-                                           np.int8, np.uint8, np.bool_)]
-    return [_reconstruct, scalar, np.ndarray, np.dtype, *dtypes]
 
 
 def mmengine_safe_globals():
     """The types an mmengine Runner checkpoint holds beyond tensors and containers.
 
-    ``HistoryBuffer`` pickles its statistics methods as ``getattr(HistoryBuffer, 'min')``,
-    so ``getattr`` is needed too; what it returns still cannot be called by the safe
-    unpickler unless that callable is itself allow-listed.
+    What ``torch.serialization.get_unsafe_globals_in_checkpoint`` reports for
+    checkpoints real Runners wrote (a toy model; the demo RetinaNet with
+    ``--amp`` and validation; numpy 2): ``HistoryBuffer``, ``getattr``,
+    ``numpy.ndarray``, ``numpy.dtype``, ``_reconstruct`` and ``scalar``, plus
+    the dtype classes the unpickler rebuilds: float64 (the buffers' values,
+    the ETA scalar) and int64 (the buffers' counts). ``HistoryBuffer`` pickles
+    its statistics methods as ``getattr(HistoryBuffer, 'min')``, hence
+    ``getattr``; what it returns still cannot be called by the safe unpickler
+    unless that callable is itself allow-listed.
+
+    Returns:
+        list: The classes and functions to allow-list.
     """
     from mmengine.logging.history_buffer import HistoryBuffer
-    return [HistoryBuffer, getattr, *_numpy_globals()]
+    try:  # numpy >= 2
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+    return [HistoryBuffer, getattr, _reconstruct, scalar, np.ndarray, np.dtype,
+            type(np.dtype(np.float64)), type(np.dtype(np.int64))]
 
 
-def register_safe_globals():
-    """Allow-list mmengine checkpoint types for ``torch.load(weights_only=True)``."""
-    add = getattr(torch.serialization, 'add_safe_globals', None)
-    if add is not None:  # torch < 2.4 loads these with weights_only=False anyway
-        add(mmengine_safe_globals())
+def mmengine_checkpoint_globals():
+    """A context in which ``torch.load(weights_only=True)`` accepts mmengine checkpoints.
+
+    For code that calls ``torch.load`` on a Runner checkpoint itself instead of
+    through mmengine's ``CheckpointLoader``. On torch < 2.5 (no
+    ``safe_globals``; ``weights_only`` defaults to False there) it does nothing.
+
+    Examples:
+        >>> import torch
+        >>> from mmengine.logging.history_buffer import HistoryBuffer
+        >>> with mmengine_checkpoint_globals():
+        ...     HistoryBuffer in torch.serialization.get_safe_globals()
+        True
+        >>> HistoryBuffer in torch.serialization.get_safe_globals()
+        False
+    """
+    safe_globals = getattr(torch.serialization, 'safe_globals', None)
+    return nullcontext() if safe_globals is None else safe_globals(mmengine_safe_globals())
+
+
+def register_checkpoint_loader():
+    """Make mmengine's loader of local checkpoint files accept mmengine checkpoints
+    under torch's safe loading, for the duration of each load only."""
+    from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
+
+    @functools.wraps(load_from_local)  # its name: mmengine logs "Loads checkpoint by local backend"
+    def load_from_local_safely(filename, map_location):
+        with mmengine_checkpoint_globals():
+            return load_from_local(filename, map_location)
+
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local_safely, force=True)

@@ -1,0 +1,4 @@
+"""Training-loop pieces registered in mmengine's registries."""
+from .optim_wrapper import CPUAmpOptimWrapper
+
+__all__ = ['CPUAmpOptimWrapper']

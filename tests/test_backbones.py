@@ -142,7 +142,7 @@ def test_gsa_with_a_plugin_and_dcn_refused():
     from mmdet.models.layers import ResLayer  # noqa: F401  (registers mmdet's plugins)
     model = build('GSAResNet', 26, plugins=[dict(cfg=dict(type='ContextBlock', ratio=1. / 4),
                                                  stages=(False, False, True, True), position='after_conv3')])
-    assert model.layer3[0].after_conv3_plugin_names == ['context_block'] and not model.layer2[0].with_plugins
+    assert model.layer3[0].after_conv3_plugin_names == ['context_block'] and model.layer2[0].after_conv3_plugin_names == []
     assert type(model.layer3[0].conv2).__name__ == 'GlobalSelfAttention2d'
     out = model(torch.rand(1, 3, 64, 64))
     assert out[-1].shape == (1, 2048, 2, 2)

@@ -1,7 +1,7 @@
 """Training-step time, peak memory and inference time of RetinaNet with ResNet-50,
 AA-ResNet-50 and GSA-ResNet-50, side by side in one run, as ratios to ResNet-50.
 
-Models come from the COCO configs (``configs/retinanet/*_scratch-150e_coco.py``, BN
+Models come from the COCO configs (``configs/retinanet/*-scratch_fpn_8xb8-ms-150e_coco.py``, BN
 in one process); inputs are random images with random boxes, so no data is read.
 
 * train: 640x640 crops (the from-scratch recipe's size), batch 2, one SGD step
@@ -25,9 +25,9 @@ import time
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = {
-    'ResNet-50': 'configs/retinanet/retinanet_r50_fpn_scratch-150e_coco.py',
-    'AA-ResNet-50': 'configs/retinanet/retinanet_aa-r50_fpn_scratch-150e_coco.py',
-    'GSA-ResNet-50': 'configs/retinanet/retinanet_gsa-r50_fpn_scratch-150e_coco.py',
+    'ResNet-50': 'configs/retinanet/retinanet_r50-scratch_fpn_8xb8-ms-150e_coco.py',
+    'AA-ResNet-50': 'configs/retinanet/retinanet_aa-r50-scratch_fpn_8xb8-ms-150e_coco.py',
+    'GSA-ResNet-50': 'configs/retinanet/retinanet_gsa-r50-scratch_fpn_8xb8-ms-150e_coco.py',
 }
 
 

@@ -45,7 +45,7 @@ from aa_det.models.layers import GlobalSelfAttention2d  # noqa: E402
 from aa_det.models.layers.gsa import column_attention, content_attention, row_attention  # noqa: E402
 from aa_det.models.layers.offset_range import TrainedOffsetRange  # noqa: E402
 
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 BACKBONES = {
     'ResNet-18': (dict(type='ResNet', depth=18, base_channels=32), [32, 64, 128, 256]),
     'AA-ResNet-18': (None, None),  # the demo config's own

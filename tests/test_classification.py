@@ -13,8 +13,8 @@ from aa_det.classification import ImageNetFolder, TopKAccuracy
 from aa_det.datasets import generate_shapes_folder
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/imagenet/aa-r18_shapes-cls_demo.py')
-DET_PRETRAINED = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_shapes-cls-pretrained_demo_shapes.py')
+DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py')
+DET_PRETRAINED = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py')
 
 
 @pytest.fixture(scope='module')
@@ -96,7 +96,7 @@ def test_classification_demo_learns(tmp_path):
     assert top1 >= 60.0  # chance is 33.3%
 
 
-IMAGENET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/imagenet/*_imagenet.py')))
+IMAGENET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/imagenet/*_in1k.py')))
 
 
 @pytest.mark.parametrize('path', IMAGENET_CONFIGS, ids=osp.basename)
@@ -110,7 +110,7 @@ def test_imagenet_configs_build_with_the_papers_schedules(path):
     assert model.head.out_features == 1000
     optimizer, schedulers = cfg.optim_wrapper.optimizer, cfg.param_scheduler
     assert optimizer.type == 'SGD' and optimizer.momentum == 0.9 and optimizer.weight_decay == 1e-4
-    if 'gsa-schedule' in path or osp.basename(path).startswith('gsa'):  # GSA Sec. 4
+    if '16xb128-90e' in osp.basename(path):  # GSA Sec. 4
         assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (90, 0.1, 2048)
         assert schedulers[0].type == 'CosineAnnealingLR' and cfg.model.label_smoothing == 0.1
     else:  # AA appendix A.1

@@ -14,7 +14,7 @@ from aa_det.apis import ConfigError, build_runner, load_config
 from aa_det.datasets import generate_shapes_coco
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/retinanet/*.py')))
 
 
@@ -97,7 +97,7 @@ def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
 @pytest.mark.parametrize('launcher', ['none', 'pytorch'])
 def test_syncbn_configs_load_runnable_without_gpus(launcher):
     """The paper's SyncBN configs: BN in one process, and in a CPU process group (DDP, no device ids)."""
-    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_scratch-150e_coco.py')
+    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50-scratch_fpn_8xb8-ms-150e_coco.py')
     assert 'SyncBN' in open(osp.join(ROOT, 'configs/_base_/models/retinanet_r50_fpn_scratch.py')).read()
     cfg = load_config(path, launcher=launcher)
     if not torch.cuda.is_available() or launcher == 'none':
@@ -132,8 +132,8 @@ def test_mmdet_own_train_entry_runs_our_config(tiny_shapes, tmp_path):
 
 
 @pytest.mark.slow  # 40-90 s each on 2 cores; the GSA case once found its 1-image dataset empty (unexplained)
-@pytest.mark.parametrize('name', ['retinanet_aa-r50_fpn_scratch-150e_coco.py',
-                                  'retinanet_gsa-r50_fpn_scratch-150e_coco.py'])
+@pytest.mark.parametrize('name', ['retinanet_aa-r50-scratch_fpn_8xb8-ms-150e_coco.py',
+                                  'retinanet_gsa-r50-scratch_fpn_8xb8-ms-150e_coco.py'])
 def test_coco_config_tests_at_1333x800_through_the_tool(tmp_path, name):
     """The README's option: mmdet's usual 1333x800 test size through tools/test.py."""
     from aa_det.datasets import generate_shapes_split
@@ -166,7 +166,7 @@ def test_missing_dataset_names_the_file(tmp_path):
 
 
 def test_missing_pretrained_checkpoint_names_the_file(tiny_shapes):
-    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_imagenet-pretrained-36e_coco.py')
+    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_8xb8-ms-36e_coco.py')
     cfg = load_config(path, cfg_options=demo_options(tiny_shapes))
     cfg.train_dataloader.dataset.ann_file = 'annotations/instances_train.json'
     cfg.train_dataloader.dataset.data_prefix.img = 'train/'

@@ -112,8 +112,8 @@ def test_tools_fail_clearly_outside_the_environment(tmp_path):
 @pytest.mark.parametrize('tool, args', [
     ('train.py', ['configs/nope.py']),
     ('test.py', ['configs/nope.py', 'nope.pth']),
-    ('test.py', ['configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py', 'missing.pth']),
-    ('train.py', ['configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py', '--resume', 'missing.pth']),
+    ('test.py', ['configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py', 'missing.pth']),
+    ('train.py', ['configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py', '--resume', 'missing.pth']),
 ])
 def test_tools_report_bad_config_in_one_line(tool, args, tmp_path):
     """A missing config or checkpoint: exit 2, one `aa_det:` line naming it, no traceback."""

@@ -13,7 +13,7 @@ from aa_det.apis import load_config
 from aa_det.datasets import CLASSES, generate_shapes_coco
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 PLOT = osp.join(ROOT, 'tools/plot_curves.py')
 VIS = osp.join(ROOT, 'tools/vis_detections.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
@@ -154,7 +154,7 @@ def test_vis_attention_draws_a_grid(tiny_detector, backbone, layer, tmp_path):
     if backbone == 'AAResNet':
         config, ckpt = DEMO, tiny_detector['with_meta']
     else:
-        config = osp.join(ROOT, 'configs/imagenet/gsa-r38_16xb128-90e_imagenet.py')
+        config = osp.join(ROOT, 'configs/imagenet/gsa-resnet38_16xb128-90e_in1k.py')
         from mmdet.registry import MODELS
         from mmengine.registry import init_default_scope
         init_default_scope('mmdet')

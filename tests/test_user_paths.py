@@ -16,7 +16,7 @@ from aa_det.apis import ConfigError, build_runner, check_coco_annotation, load_c
 from aa_det.datasets import generate_shapes_coco
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 TRAIN = osp.join(ROOT, 'tools/train.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1')  # as the other tool tests: no thread oversubscription
 ONE_EPOCH = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,

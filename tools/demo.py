@@ -3,7 +3,7 @@
 1. Generates the synthetic shapes detection dataset (COCO format, no download) in
    data/shapes/ (reused when it exists).
 2. Trains RetinaNet + FPN with an AA-ResNet-18 backbone from scratch on it with
-   the real mmengine Runner (configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py).
+   the real mmengine Runner (configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py).
 3. Evaluates with mmdet's CocoMetric (pycocotools) and prints the mAP table.
 
     bash tools/demo.sh [--work-dir DIR] [--resume] [--cfg-options k=v ...]
@@ -23,7 +23,7 @@ from aa_det.apis import build_runner, load_config  # noqa: E402
 from aa_det.datasets import generate_shapes_coco  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIG = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18_fpn_scratch-demo_shapes.py')
+CONFIG = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 METRICS = ('bbox_mAP', 'bbox_mAP_50', 'bbox_mAP_75', 'bbox_mAP_s', 'bbox_mAP_m', 'bbox_mAP_l')
 
 

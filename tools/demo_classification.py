@@ -1,5 +1,5 @@
 """Classification demo: generate shapes in the ImageNet folder layout, pretrain a narrow
-AA-ResNet-18 from scratch, report top-1 (configs/imagenet/aa-r18_shapes-cls_demo.py).
+AA-ResNet-18 from scratch, report top-1 (configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py).
 
     .venv/bin/python tools/demo_classification.py [--work-dir DIR] [--cfg-options k=v ...]
 
@@ -25,7 +25,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--config', default=osp.join(ROOT, 'configs/imagenet/aa-r18_shapes-cls_demo.py'))
+    parser.add_argument('--config', default=osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py'))
     parser.add_argument('--data-root', default=osp.join(ROOT, 'data/shapes_cls'))
     parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs/demo_shapes_cls'))
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)

@@ -1,7 +1,7 @@
 # Classification demo on generated shapes (aa_det.datasets.generate_shapes_folder writes
 # data/shapes_cls/): a narrow AA-ResNet-18 from scratch, under a minute on 2 CPU cores. Its
 # backbone is the detection demo's, so its checkpoint initialises
-# configs/retinanet/retinanet_aa-r18_fpn_shapes-cls-pretrained_demo_shapes.py.
+# configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py.
 _base_ = ['../_base_/models/classifier_r50.py', '../_base_/classification_runtime.py']
 data_root = 'data/shapes_cls/'
 model = dict(

@@ -1,9 +1,9 @@
 # Start from an ImageNet-pretrained backbone written by the classification path
 # (tools/train.py configs/imagenet/...); pass its checkpoint with
 #   --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/<cls run>/epoch_90.pth
-_base_ = './retinanet_gsa-r50_fpn_scratch-150e_coco.py'
+_base_ = './retinanet_gsa-r50-scratch_fpn_8xb8-ms-150e_coco.py'
 model = dict(backbone=dict(init_cfg=dict(_delete_=True, type='Pretrained', prefix='backbone.',
-                                         checkpoint='work_dirs/gsa-r50_16xb128-90e_imagenet/epoch_90.pth')))
+                                         checkpoint='work_dirs/gsa-resnet50_16xb128-90e_in1k/epoch_90.pth')))
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs, val_interval=6)
 param_scheduler = [

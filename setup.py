@@ -1,6 +1,6 @@
 """aa_det: attention backbones (AA-ResNet, GSA-ResNet) for MMDetection 3.x.
 
-Pinned versions live in requirements/constraints.txt; tools/setup_env.sh installs against them.
+Pinned versions live in requirements/constraints.txt; tools/env/setup_env.sh installs against them.
 """
 from setuptools import find_packages, setup
 

@@ -11,6 +11,6 @@ from .version import __version__
 
 register_checkpoint_loader()
 
-from . import classification, engine, evaluation, models  # noqa: E402,F401  (registration)
+from . import datasets, engine, evaluation, models  # noqa: E402,F401  (registration)
 
 __all__ = ['__version__', 'register_checkpoint_loader']

@@ -64,7 +64,7 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
 
-    from aa_det.apis import load_config
+    from aa_det.engine import load_config
     cfg = load_config(osp.join(ROOT, CONFIGS[name]))
     if aa_impl and cfg.model.backbone.type == 'AAResNet':
         cfg.model.backbone.attention = dict(impl=aa_impl)

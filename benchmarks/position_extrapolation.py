@@ -27,8 +27,8 @@ import sys
 
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools'))
-from _env_check import require_env  # noqa: E402
+sys.path.insert(0, osp.join(ROOT, 'tools', 'env'))
+from env_check import require_env  # noqa: E402
 
 require_env()
 
@@ -39,8 +39,8 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from aa_det.apis import build_runner, load_config  # noqa: E402
 from aa_det.datasets import generate_shapes_coco, generate_shapes_split  # noqa: E402
+from aa_det.engine import build_runner, load_config  # noqa: E402
 from aa_det.models.layers import GlobalSelfAttention2d  # noqa: E402
 from aa_det.models.layers.gsa import column_attention, content_attention, row_attention  # noqa: E402
 from aa_det.models.layers.offset_range import TrainedOffsetRange  # noqa: E402

@@ -163,11 +163,11 @@ def test_checkpoint_keys_unchanged():
 
 
 def test_complexity_tool_matches_papers_tables():
-    """tools/complexity.py: every row's parameters within 1% and GFLOPs within 5% of the paper's (one exception)."""
+    """tools/analysis_tools/complexity.py: every row's parameters within 1% and GFLOPs within 5% of the paper's (one exception)."""
     import os.path as osp
     import subprocess
     import sys
-    tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'complexity.py')
+    tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis_tools', 'complexity.py')
     out = subprocess.run([sys.executable, tool], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines()[1:]]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
-from aa_det.apis import build_runner, load_config
-from aa_det.classification import ImageNetFolder, TopKAccuracy
-from aa_det.datasets import generate_shapes_folder
+from aa_det.datasets import ImageNetFolder, generate_shapes_folder
+from aa_det.engine import build_runner, load_config
+from aa_det.evaluation import TopKAccuracy
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py')
@@ -88,7 +88,7 @@ def test_dataset_layouts_and_errors(shapes, tmp_path):
 
 @pytest.mark.slow
 def test_classification_demo_learns(tmp_path):
-    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/demo_classification.py'),
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'demo/classification_demo.py'),
                           '--data-root', str(tmp_path / 'data'), '--work-dir', str(tmp_path / 'work')],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -119,7 +119,7 @@ def test_imagenet_configs_build_with_the_papers_schedules(path):
 
 
 def test_classifier_predicts_without_labels_and_rejects_a_headless_trunk():
-    from aa_det.classification import ImageClassifier
+    from aa_det.models.classifiers import ImageClassifier
     model = ImageClassifier(dict(type='ResNet', depth=18), num_classes=5).eval()
     preds = model(torch.rand(2, 3, 64, 64), mode='predict')
     assert len(preds) == 2 and preds[0]['pred_score'].shape == (5,)
@@ -145,7 +145,7 @@ def test_cifar_configs_follow_aa_appendix(name, batch, lr, wd):
 
 
 def test_cifar_dataset_missing_names_the_folder(tmp_path):
-    from aa_det.classification import CIFAR100Dataset
+    from aa_det.datasets import CIFAR100Dataset
     with pytest.raises(FileNotFoundError, match='no CIFAR-100 at .*nowhere/cifar-100-python'):
         CIFAR100Dataset(str(tmp_path / 'nowhere'))
 

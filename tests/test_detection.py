@@ -10,22 +10,12 @@ import sys
 import pytest
 import torch
 
-from aa_det.apis import ConfigError, build_runner, load_config
 from aa_det.datasets import generate_shapes_coco
+from aa_det.engine import ConfigError, build_runner, load_config
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
+from demo_config import DEMO, ROOT, demo_options
+
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/retinanet/*.py')))
-
-
-def demo_options(root, **extra):
-    root = str(root).rstrip('/') + '/'
-    options = {f'{s}_dataloader.dataset.data_root': root for s in ('train', 'val', 'test')}
-    options.update({f'{s}_evaluator.ann_file': root + 'annotations/instances_val.json' for s in ('val', 'test')})
-    options.update({f'{s}_dataloader.{k}': v for s in ('train', 'val', 'test')
-                    for k, v in (('num_workers', 0), ('persistent_workers', False))})
-    options.update(extra)
-    return options
 
 
 @pytest.fixture(scope='module')
@@ -201,7 +191,7 @@ def test_image_that_fails_to_decode_names_the_file(tmp_path):
 def test_demo_learns_and_resumes(tmp_path):
     """The README's main job: mAP_50 well above chance; a stopped run resumes where it was."""
     data = tmp_path / 'shapes'
-    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/demo.py'), '--data-root', str(data),
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'demo/detection_demo.py'), '--data-root', str(data),
                           '--work-dir', str(tmp_path / 'work')], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     line = out.stdout.strip().splitlines()[-1]

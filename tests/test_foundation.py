@@ -106,7 +106,7 @@ def test_tools_fail_clearly_outside_the_environment(tmp_path):
                          capture_output=True, text=True, env=env)
     assert out.returncode == 2
     assert "required package 'torch' is not installed" in out.stderr
-    assert 'bash tools/setup_env.sh' in out.stderr and 'Traceback' not in out.stderr
+    assert 'bash tools/env/setup_env.sh' in out.stderr and 'Traceback' not in out.stderr
 
 
 @pytest.mark.parametrize('tool, args', [

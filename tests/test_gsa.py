@@ -114,7 +114,7 @@ def test_axial_backward_called_under_autocast_keeps_forward_dtype():
 
 
 def test_attention_weights_reproduce_the_outputs():
-    """GSA maps (for tools/vis_attention.py) are the weights the forward applies to the values."""
+    """GSA maps (for demo/vis_attention.py) are the weights the forward applies to the values."""
     torch.manual_seed(0)
     x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
     queries = torch.tensor([[0, 0], [2, 3], [4, 5]])

@@ -247,7 +247,7 @@ def test_blocked_backward_called_under_autocast_stays_float32():
 
 
 def test_aa_attention_weights_reproduce_the_attention():
-    """AAConv2d.attention_weights (tools/vis_attention.py) are the softmax weights the forward uses."""
+    """AAConv2d.attention_weights (demo/vis_attention.py) are the softmax weights the forward uses."""
     conv = _conv('relative')
     x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
     queries = torch.tensor([[0, 0], [2, 3], [4, 5]])

@@ -1,4 +1,4 @@
-"""tools/setup_env.sh run as a user runs it, with fake tools on PATH; tools/_env_check.py's CUDA check.
+"""tools/env/setup_env.sh run as a user runs it, with fake tools on PATH; tools/env/env_check.py's CUDA check.
 
 Nothing here downloads, builds or touches the real venv: the script runs against a "shadow" venv, a
 directory whose bin/python forwards to this venv's Python (so torch is found) but refuses
@@ -15,7 +15,7 @@ import time
 import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SCRIPT = osp.join(ROOT, 'tools', 'setup_env.sh')
+SCRIPT = osp.join(ROOT, 'tools', 'env', 'setup_env.sh')
 CONSTRAINTS = osp.join(ROOT, 'requirements', 'constraints.txt')
 PIP_REFUSED = 97
 
@@ -269,17 +269,17 @@ def test_bad_flavor_is_one_line(sandbox):
     one_setup_line(sandbox.run(AA_DET_FLAVOR='gpu'), 'AA_DET_FLAVOR', 'auto, cpu or cuda')
 
 
-# ---- tools/_env_check.py: mmcv ops without CUDA on a CUDA machine ---------------------------------
+# ---- tools/env/env_check.py: mmcv ops without CUDA on a CUDA machine ---------------------------------
 
 @pytest.fixture
 def env_check(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools'))
-    import _env_check
+    monkeypatch.syspath_prepend(osp.join(ROOT, 'tools', 'env'))
+    import env_check
     import mmcv.ops
     import torch
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(sys, 'prefix', str(tmp_path))   # where the venv stamp is read
-    return _env_check, mmcv.ops, tmp_path
+    return env_check, mmcv.ops, tmp_path
 
 
 @pytest.mark.parametrize('wheel_dir', [None, '/c/wheels/mmcv-2.1.0-torch2.14.1+cu130-cp311-cuda-arch9.0'])

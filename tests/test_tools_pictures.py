@@ -1,4 +1,4 @@
-"""The picture tools, run as commands: tools/plot_curves.py and tools/vis_detections.py."""
+"""The picture tools, run as commands: tools/analysis_tools/plot_curves.py and demo/vis_detections.py."""
 import json
 import os
 import os.path as osp
@@ -9,13 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-from aa_det.apis import load_config
 from aa_det.datasets import CLASSES, generate_shapes_coco
+from aa_det.engine import load_config
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
-PLOT = osp.join(ROOT, 'tools/plot_curves.py')
-VIS = osp.join(ROOT, 'tools/vis_detections.py')
+from demo_config import DEMO, ROOT
+
+PLOT = osp.join(ROOT, 'tools/analysis_tools/plot_curves.py')
+VIS = osp.join(ROOT, 'demo/vis_detections.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 
@@ -150,7 +150,7 @@ def test_vis_detections_bad_paths_are_named(tiny_detector, tmp_path):
 @pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv1'), ('GSAResNet', 'layer2.1.conv2')])
 def test_vis_attention_draws_a_grid(tiny_detector, backbone, layer, tmp_path):
     """CONFIG CHECKPOINT, as every tool: the demo detector's checkpoint; a GSA classifier's."""
-    vis = osp.join(ROOT, 'tools/vis_attention.py')
+    vis = osp.join(ROOT, 'demo/vis_attention.py')
     if backbone == 'AAResNet':
         config, ckpt = DEMO, tiny_detector['with_meta']
     else:

@@ -12,27 +12,16 @@ import sys
 import pytest
 import torch
 
-from aa_det.apis import ConfigError, build_runner, check_coco_annotation, load_config
 from aa_det.datasets import generate_shapes_coco
+from aa_det.engine import ConfigError, build_runner, check_coco_annotation, load_config
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
+from demo_config import DEMO, ROOT, demo_options
+
 TRAIN = osp.join(ROOT, 'tools/train.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1')  # as the other tool tests: no thread oversubscription
 ONE_EPOCH = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
              'model.test_cfg.score_thr': 0.0,  # an untrained model still gets scored
              'default_hooks.logger.interval': 1}
-
-
-def demo_options(root, **extra):
-    """``--cfg-options`` pointing the demo config at a generated shapes dataset."""
-    root = str(root).rstrip('/') + '/'
-    options = {f'{s}_dataloader.dataset.data_root': root for s in ('train', 'val', 'test')}
-    options.update({f'{s}_evaluator.ann_file': root + 'annotations/instances_val.json' for s in ('val', 'test')})
-    options.update({f'{s}_dataloader.{k}': v for s in ('train', 'val', 'test')
-                    for k, v in (('num_workers', 0), ('persistent_workers', False))})
-    options.update(extra)
-    return options
 
 
 def run_tool(*args, options=None):

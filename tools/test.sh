@@ -5,6 +5,6 @@
 #   bash tools/test.sh -m ''         # all tests
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$ROOT/tools/setup_env.sh"
+bash "$ROOT/tools/env/setup_env.sh"
 cd "$ROOT"
 exec "${AA_DET_VENV:-$ROOT/.venv}/bin/python" -m pytest "$@"

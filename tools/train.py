@@ -12,14 +12,14 @@ import os
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env, run_cli  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), 'env'))
+from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.apis import build_runner, load_config  # noqa: E402
+from aa_det.engine import build_runner, load_config  # noqa: E402
 
 
 def parse_args():

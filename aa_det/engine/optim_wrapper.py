@@ -2,7 +2,7 @@
 
 mmengine 0.10.7's ``AmpOptimWrapper`` asserts a GPU (CUDA, NPU, MLU or MUSA), so
 ``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
-:func:`aa_det.apis.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
+:func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
 """
 from contextlib import contextmanager
 

@@ -1,4 +1,5 @@
 """Evaluation metrics registered in mmdet's METRICS."""
+from .accuracy import TopKAccuracy
 from .coco_metric import LenientCocoMetric
 
-__all__ = ['LenientCocoMetric']
+__all__ = ['LenientCocoMetric', 'TopKAccuracy']

@@ -3,7 +3,7 @@
 pycocotools 2.0.10's ``COCO.loadRes`` copies the ground truth's ``info``, so an
 annotation file without it (many converters write none; mmdet's CocoDataset
 trains on it) trained to the end and then failed in evaluation with
-``KeyError: 'info'``. :func:`aa_det.apis.load_config` substitutes
+``KeyError: 'info'``. :func:`aa_det.engine.load_config` substitutes
 :class:`LenientCocoMetric` for ``CocoMetric`` in the val / test evaluators.
 """
 from mmdet.evaluation import CocoMetric

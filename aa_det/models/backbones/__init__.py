@@ -1,6 +1,6 @@
 from .aa_resnet import AAResNet
 from .attention_resnet import AttentionResNet
 from .gsa_resnet import GSAResNet
-from .wide_resnet import WideBasicBlock, WideResNet
+from .wide_resnet import WideResNet
 
-__all__ = ['AAResNet', 'AttentionResNet', 'GSAResNet', 'WideBasicBlock', 'WideResNet']
+__all__ = ['AAResNet', 'AttentionResNet', 'GSAResNet', 'WideResNet']

@@ -1,4 +1,6 @@
-"""ResNet blocks with an attention layer in place of a 3x3 conv (mmdet's blocks, names kept)."""
+"""Residual blocks whose 3x3 conv is an attention layer: mmdet's ResNet blocks (names kept) and
+the pre-activation Wide-ResNet block."""
 from .attention_blocks import AttentionBasicBlock, AttentionBottleneck
+from .wide_basic_block import WideBasicBlock
 
-__all__ = ['AttentionBasicBlock', 'AttentionBottleneck']
+__all__ = ['AttentionBasicBlock', 'AttentionBottleneck', 'WideBasicBlock']

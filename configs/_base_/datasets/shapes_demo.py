@@ -1,4 +1,4 @@
-# The embedded demo dataset: aa_det.datasets.generate_shapes_coco writes it (tools/demo.py does).
+# The embedded demo dataset: aa_det.datasets.generate_shapes_coco writes it (demo/detection_demo.py does).
 dataset_type = 'CocoDataset'
 data_root = 'data/shapes/'
 metainfo = dict(classes=('circle', 'square', 'triangle'))

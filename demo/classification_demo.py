@@ -1,7 +1,7 @@
 """Classification demo: generate shapes in the ImageNet folder layout, pretrain a narrow
 AA-ResNet-18 from scratch, report top-1 (configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py).
 
-    .venv/bin/python tools/demo_classification.py [--work-dir DIR] [--cfg-options k=v ...]
+    .venv/bin/python demo/classification_demo.py [--work-dir DIR] [--cfg-options k=v ...]
 
 The checkpoint it writes (WORK_DIR/epoch_10.pth) loads into a detector's backbone with
 init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.').
@@ -10,15 +10,15 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env, run_cli  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.apis import build_runner, load_config  # noqa: E402
 from aa_det.datasets import generate_shapes_folder  # noqa: E402
+from aa_det.engine import build_runner, load_config  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

@@ -8,13 +8,13 @@ read: ResNet-50 = 8.2), so the attention matmuls are included; softmax is added 
 5 FLOPs per element. These are our kernels' FLOPs: GSA's skewed relative logits
 compute 2L - 1 offsets per query where L are used.
 
-    .venv/bin/python tools/complexity.py
+    .venv/bin/python tools/analysis_tools/complexity.py
 """
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'env'))
+from env_check import require_env  # noqa: E402
 
 require_env()
 

@@ -3,7 +3,7 @@
 AA layers: one PNG grid, rows = heads, columns = query positions. GSA layers: content
 and positional maps (rows = heads, columns = position x {content, positional}).
 
-    .venv/bin/python tools/vis_attention.py CONFIG CHECKPOINT --layer layer3.0.conv2 \\
+    .venv/bin/python demo/vis_attention.py CONFIG CHECKPOINT --layer layer3.0.conv2 \\
         --positions 40,60 100,150 --out attention.png [--image IMG]
 
 CONFIG is a detection or classification config, CHECKPOINT a checkpoint of it (the demo
@@ -16,8 +16,8 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env, run_cli  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
@@ -33,7 +33,7 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from aa_det.apis import ConfigError, load_config  # noqa: E402
+from aa_det.engine import ConfigError, load_config  # noqa: E402
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d  # noqa: E402
 
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])

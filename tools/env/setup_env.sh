@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or reuse the project's virtual environment with the pinned stack.
 #
-#   bash tools/setup_env.sh          # idempotent: a second run returns at once (a few seconds
+#   bash tools/env/setup_env.sh          # idempotent: a second run returns at once (a few seconds
 #                                    # where NVIDIA GPUs are present: torch is asked for them)
 #
 # Environment variables (all optional):
@@ -29,7 +29,7 @@
 # Anything missing that the run needs (venv module, Python.h, a C++20 compiler, a matching nvcc)
 # is reported in one line, exit status 2, before anything is downloaded where that can be known.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VENV=${AA_DET_VENV:-$ROOT/.venv}
 PYTHON=${AA_DET_PYTHON:-python3.11}
 CONSTRAINTS=${AA_DET_CONSTRAINTS:-$ROOT/requirements/constraints.txt}
@@ -122,7 +122,7 @@ check_cuda_toolkit() {
   nv=$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n1)
   [ -n "$nv" ] || die "cannot read a CUDA version from '$NVCC --version'"
   if [ "${nv%%.*}" != "${TORCH_CUDA%%.*}" ]; then
-    die "nvcc $nv ($NVCC) does not match torch $TORCH_VER, built for CUDA $TORCH_CUDA: torch builds CUDA extensions only with the same CUDA major version. Fix: put a CUDA ${TORCH_CUDA%%.*}.x nvcc first on PATH (or set CUDA_HOME); or use a torch built for CUDA ${nv%%.*}: rm -rf $VENV && AA_DET_TORCH_INDEX_URL=https://download.pytorch.org/whl/cu${nv%%.*}X bash tools/setup_env.sh (cu${nv%%.*}X: a CUDA ${nv%%.*} variant pytorch.org offers for torch ${TORCH_VER%%+*}); or build CPU-only ops: AA_DET_FLAVOR=cpu"
+    die "nvcc $nv ($NVCC) does not match torch $TORCH_VER, built for CUDA $TORCH_CUDA: torch builds CUDA extensions only with the same CUDA major version. Fix: put a CUDA ${TORCH_CUDA%%.*}.x nvcc first on PATH (or set CUDA_HOME); or use a torch built for CUDA ${nv%%.*}: rm -rf $VENV && AA_DET_TORCH_INDEX_URL=https://download.pytorch.org/whl/cu${nv%%.*}X bash tools/env/setup_env.sh (cu${nv%%.*}X: a CUDA ${nv%%.*} variant pytorch.org offers for torch ${TORCH_VER%%+*}); or build CPU-only ops: AA_DET_FLAVOR=cpu"
   fi
   [ -n "$ARCH" ] || die "AA_DET_FLAVOR=cuda but torch sees no GPU: set TORCH_CUDA_ARCH_LIST to the architectures to build for (e.g. 9.0 for H100)"
 }

@@ -1,7 +1,7 @@
 """Plot the training curves of an mmengine run: losses and lr per iteration, validation
 metrics (coco/bbox_mAP*, accuracy/top1, ...) per epoch.
 
-    .venv/bin/python tools/plot_curves.py WORK_DIR_OR_JSON [--out curves.png]
+    .venv/bin/python tools/analysis_tools/plot_curves.py WORK_DIR_OR_JSON [--out curves.png]
         [--keys loss loss_cls loss_bbox lr coco/bbox_mAP ...]
 
 WORK_DIR_OR_JSON: a work dir (its newest run, WORK_DIR/<timestamp>/vis_data/scalars.json,
@@ -19,8 +19,8 @@ import os
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'env'))
+from env_check import require_env  # noqa: E402
 
 require_env()
 

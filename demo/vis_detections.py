@@ -1,6 +1,6 @@
 """Draw a detector's detections on images with mmdet's own inference and visualizer.
 
-    .venv/bin/python tools/vis_detections.py CONFIG CHECKPOINT IMAGE_OR_DIR [--out-dir DIR]
+    .venv/bin/python demo/vis_detections.py CONFIG CHECKPOINT IMAGE_OR_DIR [--out-dir DIR]
         [--score-thr 0.3] [--device cpu] [--cfg-options k=v ...]
 
 IMAGE_OR_DIR: one image, or a folder whose images (not its subfolders) are all drawn.
@@ -15,8 +15,8 @@ import os
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from _env_check import require_env, run_cli  # noqa: E402
+sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
@@ -27,7 +27,7 @@ from mmdet.registry import DATASETS, VISUALIZERS  # noqa: E402
 from mmdet.utils.misc import IMG_EXTENSIONS  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.apis import load_config  # noqa: E402
+from aa_det.engine import load_config  # noqa: E402
 from aa_det.utils import mmengine_checkpoint_globals  # noqa: E402
 
 

@@ -9,13 +9,10 @@ import os
 import os.path as osp
 from typing import Optional, Sequence
 
-import torch
-from mmdet.registry import DATASETS, METRICS
-from mmengine.evaluator import BaseMetric
+from mmdet.registry import DATASETS
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import transforms as T
-from torchvision.datasets import CIFAR100
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 
@@ -95,58 +92,3 @@ class ImageNetFolder(Dataset):
         except (OSError, Image.DecompressionBombError) as e:
             raise OSError(f'ImageNetFolder: cannot decode image {path}: {e}') from e
         return dict(inputs=self.transform(image), data_samples=label)
-
-
-@DATASETS.register_module()
-class CIFAR100Dataset(Dataset):
-    """CIFAR-100 from torchvision's reader, with the standard augmentation (AA appendix A.1):
-    4-pixel padded random 32x32 crops and horizontal flips for training, none for evaluation.
-
-    Args:
-        data_root (str): folder holding ``cifar-100-python/`` (the python version from
-            https://www.cs.toronto.edu/~kriz/cifar.html); nothing is downloaded.
-        train (bool): the training split and augmentation. Defaults to True.
-    """
-
-    def __init__(self, data_root: str, train: bool = True):
-        try:
-            self.data = CIFAR100(data_root, train=train, download=False)
-        except RuntimeError as e:
-            raise FileNotFoundError(f'CIFAR100Dataset: no CIFAR-100 at {osp.join(data_root, "cifar-100-python")} '
-                                    f'(unpack cifar-100-python.tar.gz into data_root={data_root}): {e}') from None
-        self.transform = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.PILToTensor()]) \
-            if train else T.PILToTensor()
-        self.metainfo = dict(classes=tuple(self.data.classes))
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, index):
-        image, label = self.data[index]
-        return dict(inputs=self.transform(image), data_samples=label)
-
-
-@METRICS.register_module()
-class TopKAccuracy(BaseMetric):
-    """Top-k accuracy (%) over ``pred_score`` / ``gt_label`` pairs.
-
-    Args:
-        topk (Sequence[int]): k values. Defaults to (1, 5).
-    """
-
-    default_prefix = 'accuracy'
-
-    def __init__(self, topk: Sequence[int] = (1, 5), **kwargs):
-        super().__init__(**kwargs)
-        self.topk = tuple(topk)
-
-    def process(self, data_batch, data_samples):
-        for sample in data_samples:
-            scores, label = sample['pred_score'], int(sample['gt_label'])
-            k = min(max(self.topk), scores.numel())
-            top = scores.topk(k).indices.tolist()
-            self.results.append([label in top[:min(t, k)] for t in self.topk])
-
-    def compute_metrics(self, results):
-        hits = torch.tensor(results, dtype=torch.float64)
-        return {f'top{k}': 100.0 * hits[:, i].mean().item() for i, k in enumerate(self.topk)}

@@ -5,8 +5,8 @@ Standard library only at module level: it must work under any Python.
 import os
 import sys
 
-FIX = ('Create or repair the environment with `bash tools/setup_env.sh` (README), then run tools '
-       'with `.venv/bin/python tools/<tool>.py ...`.')
+FIX = ('Create or repair the environment with `bash tools/env/setup_env.sh` (README), then run the tools '
+       'with `.venv/bin/python <tool>.py ...`.')
 
 
 def _die(message, fix=FIX):
@@ -15,7 +15,7 @@ def _die(message, fix=FIX):
 
 
 def _cached_wheel_dir():
-    """The cached mmcv wheel dir this venv was installed from, as tools/setup_env.sh recorded it."""
+    """The cached mmcv wheel dir this venv was installed from, as tools/env/setup_env.sh recorded it."""
     try:
         with open(os.path.join(sys.prefix, '.aa_det_env')) as f:
             for line in f:
@@ -49,7 +49,7 @@ def _check_cuda_ops():
                  if wheel and '-cuda' in os.path.basename(wheel) else '')
         _die(f'torch sees a GPU but mmcv\'s compiled ops were built without CUDA{where}: '
              'the first NMS on the GPU would fail.',
-             f'Fix: {stale}with nvcc on PATH run `AA_DET_FLAVOR=cuda bash tools/setup_env.sh` (README); '
+             f'Fix: {stale}with nvcc on PATH run `AA_DET_FLAVOR=cuda bash tools/env/setup_env.sh` (README); '
              'or run on the CPU, with the GPU hidden by CUDA_VISIBLE_DEVICES="".')
     try:
         _nms_on_cuda()
@@ -58,7 +58,7 @@ def _check_cuda_ops():
         _die(f'mmcv\'s CUDA ops fail on this GPU ({type(e).__name__}: {first}); a wheel built for other '
              'GPU architectures gives "no kernel image is available".',
              f'Fix: delete {wheel or "the cached wheel ~/.cache/aa_det/wheels/mmcv-*-cuda-*"} and run '
-             '`bash tools/setup_env.sh` again with nvcc on PATH (it builds for the GPUs torch sees, or '
+             '`bash tools/env/setup_env.sh` again with nvcc on PATH (it builds for the GPUs torch sees, or '
              'for TORCH_CUDA_ARCH_LIST).')
 
 
@@ -89,7 +89,7 @@ def require_env():
 
 def run_cli(main):
     """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) exits 2 with one line."""
-    from aa_det.apis import ConfigError
+    from aa_det.engine import ConfigError
     try:
         main()
     except ConfigError as e:

@@ -33,15 +33,37 @@ GSA_COMPONENTS = ('content', 'column', 'row')
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
 
+    The softmax in float32 (or float64), the products in :func:`compute_dtype`.
+
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
 
     Returns:
-        Tensor: ``[B, Nh, dvh, H, W]``.
+        Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``v``'s dtype.
     """
-    k = k.flatten(-2).softmax(dim=-1)  # [B, Nh, dkh, HW], softmax over positions
-    context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2))  # [B, Nh, dkh, dvh]
-    return torch.einsum('bnkxy,bnkv->bnvxy', q, context)
+    dtype = compute_dtype(v.dtype, v.device.type)
+    with torch.autocast(v.device.type, enabled=False):
+        k = k.flatten(-2).to(torch.promote_types(dtype, torch.float32)).softmax(dim=-1)  # [B, Nh, dkh, HW]
+        context = torch.einsum('bnkp,bnvp->bnkv', k.to(dtype), v.flatten(-2).to(dtype))  # [B, Nh, dkh, dvh]
+        return torch.einsum('bnkxy,bnkv->bnvxy', q.to(dtype), context)
+
+
+def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The dtype GSA's attention products compute in, for inputs of ``dtype`` (autocast's
+    under AMP).
+
+    Neither branch normalises its output: content attention returns ``q . context``, and
+    positional attention sums ``L`` terms ``(q . R) v`` over a whole column or row, so both
+    grow with ``|q| |v|`` and leave float16's range (65504) while the inputs are small (no
+    softmax bounds them, as it bounds the AA kernels' outputs by ``max |v|``). Float16 inputs
+    therefore compute in bfloat16 (float32's range, the same tensor-core speed) where the
+    device has it, else in float32; other dtypes compute as they are.
+    """
+    if dtype != torch.float16:
+        return dtype
+    if device_type == 'cpu' or (device_type == 'cuda' and torch.cuda.is_bf16_supported()):
+        return torch.bfloat16
+    return torch.float32
 
 
 #: Logits ``[chunk, L, 2L - 1]`` computed at once by :func:`column_attention`: cache-sized on the
@@ -114,7 +136,7 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
             ``AXIAL_CHUNK_ELEMS`` of the device.
 
     Returns:
-        Tensor: ``[B, Nh, dvh, H, W]``.
+        Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``q``'s dtype.
     """
     B, Nh, dk, H, W = q.shape
     M = (table.shape[0] + 1) // 2
@@ -127,9 +149,11 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     if chunk_elems is None:
         chunk_elems = AXIAL_CHUNK_ELEMS.get(q.device.type, AXIAL_CHUNK_ELEMS['cuda'])
     chunk = max(1, chunk_elems // (H * (2 * H - 1)))
-    with torch.autocast(q.device.type, enabled=False):  # one dtype inside: q's (autocast's under AMP)
-        out = _AxialRelativeAttention.apply(qc, vc.to(qc.dtype), emb.to(qc.dtype), chunk)  # [B * Nh * W, H, dvh]
+    dtype = compute_dtype(qc.dtype, q.device.type)
+    with torch.autocast(q.device.type, enabled=False):  # one dtype inside
+        out = _AxialRelativeAttention.apply(qc.to(dtype), vc.to(dtype), emb.to(dtype), chunk)  # [B * Nh * W, H, dvh]
     return out.view(B, Nh, W, H, -1).permute(0, 1, 4, 3, 2)
+
 
 
 def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:

@@ -29,7 +29,13 @@ Four exact implementations of one function; `relative_attention` picks one:
 * :func:`attention_sdpa_folded` - the relative tables are folded into plain
   dot-product attention (``q' = [q, rel_h, rel_w]``, ``k' = [k, onehot(h_j),
   onehot(w_j)]``), which fused CUDA kernels accept; default on CUDA for large
-  maps (:func:`choose_impl`).
+  maps, and at every size under fp16 / bf16 autocast (:func:`choose_impl`).
+
+Precision (:func:`kernel_dtype`): every kernel computes in float32 (float64
+inputs stay float64), except the fused one on CUDA under autocast, which takes
+the autocast dtype: its logits, softmax and accumulation stay float32 inside the
+kernel (as PyTorch's own SDPA under AMP), so low-precision inputs bring tensor
+cores without the fp16 overflow of materialised fp16 logits.
 """
 import math
 from typing import Optional, Tuple
@@ -228,21 +234,37 @@ def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
 
 
 def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
-                          rel_w: Optional[Tensor], H: int, W: int) -> Tensor:
+                          rel_w: Optional[Tensor], H: int, W: int,
+                          dtype: Optional[torch.dtype] = None) -> Tensor:
     """Relative logits folded into one fused ``scaled_dot_product_attention``.
 
     ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]``
     exactly, at the cost of ``H + W`` extra head dimensions; the fused kernels
     never store the logits.
+
+    Args:
+        q, k, v, rel_h, rel_w, H, W: as :func:`attention_materialized`.
+        dtype (torch.dtype, optional): the dtype the fused kernel runs in; defaults to
+            ``q``'s. With float16, ``rel_h`` and ``rel_w`` (computed in float32) are folded
+            as ``rel / s`` against one-hot columns of ``s``, a power of two chosen on the
+            device so that ``|rel / s| <= 2^14``: exact (``s = 1`` unless the relative
+            logits leave float16's range) and with no host synchronisation.
+
+    Returns:
+        Tensor: ``[B, Nh, HW, dv]`` in ``dtype``.
     """
+    dtype = q.dtype if dtype is None else dtype
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if rel_h is not None:
         N = H * W
-        rows = torch.arange(N, device=q.device) // W
-        cols = torch.arange(N, device=q.device) % W
-        one_h = F.one_hot(rows, H).to(k.dtype).expand(*k.shape[:2], N, H)  # [B, Nh, HW, H]
-        one_w = F.one_hot(cols, W).to(k.dtype).expand(*k.shape[:2], N, W)  # [B, Nh, HW, W]
-        q = torch.cat([q, rel_h, rel_w], dim=-1)  # [B, Nh, HW, d + H + W]
-        k = torch.cat([k, one_h, one_w], dim=-1)
+        scale = _fp16_fold_scale(rel_h, rel_w) if dtype == torch.float16 else None
+        one_h = F.one_hot(torch.arange(N, device=q.device) // W, H).to(dtype)  # [HW, H]
+        one_w = F.one_hot(torch.arange(N, device=q.device) % W, W).to(dtype)  # [HW, W]
+        if scale is not None:
+            rel_h, rel_w = rel_h / scale, rel_w / scale
+            one_h, one_w = one_h * scale.to(dtype), one_w * scale.to(dtype)
+        q = torch.cat([q, rel_h.to(dtype), rel_w.to(dtype)], dim=-1)  # [B, Nh, HW, d + H + W]
+        k = torch.cat([k, one_h.expand(*k.shape[:2], N, H), one_w.expand(*k.shape[:2], N, W)], dim=-1)
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
     q, k = _pad_last(q, 8), _pad_last(k, 8)  # zeros add nothing to q . k
@@ -251,35 +273,65 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     return out[..., :dv]
 
 
+def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
+    """The power of two ``s`` in ``[1, 2^15]`` with ``max |rel| / s <= 2^14``, as a 0-d tensor."""
+    amax = torch.maximum(rel_h.detach().abs().amax(), rel_w.detach().abs().amax()).float()
+    return torch.exp2(torch.log2(amax / 2 ** 14).ceil().clamp(0, 15))
+
+
 def _pad_last(t: Tensor, multiple: int) -> Tensor:
     """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``."""
     pad = -t.shape[-1] % multiple
     return F.pad(t, (0, pad)) if pad else t
 
 
-def choose_impl(device_type: str, num_logits: int) -> str:
+def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
     """The fastest exact kernel for ``num_logits = B * Nh * (HW)^2`` on a device.
 
-    * CPU: 'blocked', for all sizes: no fused kernel has a backward there, and its
-      16 MiB blocks beat the materialised form where both fit (README,
+    * CPU: 'blocked', for all sizes and dtypes: no fused kernel has a backward there,
+      and its 16 MiB blocks beat the materialised form where both fit (README,
       ``benchmarks/attention_memory.py``).
-    * CUDA: 'materialized' while the logits are at most ``CUDA_MATERIALIZE_ELEMS``
-      (64 MiB: small maps such as stage 4 and ImageNet's 14x14), where plain
-      matmuls beat the folded kernel's ``H + W`` extra head dims (H100, RetinaNet
-      AA-R50 at 640x640: 0.085 s per step materialised vs 0.114 s folded); above
-      that 'sdpa', whose fused kernel never stores the logits (one 8-head layer at
-      128x128: 0.8 GiB vs 32 GiB).
+    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size. The
+      fused kernel runs on the low-precision inputs with float32 logits inside;
+      the materialised form would need float32 logits, off the tensor cores (an
+      H100 one-layer measurement in issue 11: fused fp32 8.8 ms, bf16 1.75 ms).
+    * CUDA in float32: 'materialized' while the logits are at most
+      ``CUDA_MATERIALIZE_ELEMS`` (64 MiB: small maps such as stage 4 and
+      ImageNet's 14x14), where plain matmuls beat the folded kernel's ``H + W``
+      extra head dims (H100, RetinaNet AA-R50 at 640x640: 0.085 s per step
+      materialised vs 0.114 s folded); above that 'sdpa', whose fused kernel never
+      stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
     """
     if device_type == 'cuda':
+        if amp_dtype in (torch.float16, torch.bfloat16):
+            return 'sdpa'
         return 'materialized' if num_logits <= CUDA_MATERIALIZE_ELEMS else 'sdpa'
     return 'blocked'
+
+
+def kernel_dtype(device_type: str, impl: str, input_dtype: torch.dtype,
+                 amp_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """The dtype a kernel computes in.
+
+    float32 (float64 stays float64, for the tests), so that materialised and blocked
+    logits and softmax never overflow fp16; the exception is the fused CUDA kernel under
+    fp16 / bf16 autocast, which computes its logits in float32 internally and takes the
+    autocast dtype (:func:`attention_sdpa_folded` guards the folded relative logits).
+    """
+    if device_type == 'cuda' and impl == 'sdpa' and amp_dtype in (torch.float16, torch.bfloat16):
+        return amp_dtype
+    return torch.promote_types(input_dtype, torch.float32)
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
                        table_w: Optional[Tensor], H: int, W: int,
                        impl: str = 'auto',
                        block_elems: int = DEFAULT_BLOCK_ELEMS) -> Tensor:
-    """Multi-head 2D relative self-attention, eq. (3), in float32 under autocast.
+    """Multi-head 2D relative self-attention, eq. (3).
+
+    Kernel and precision are chosen per device and autocast dtype
+    (:func:`choose_impl`, :func:`kernel_dtype`): float32 everywhere, except the fused
+    CUDA kernel under autocast, which runs on the autocast dtype with float32 logits.
 
     Args:
         q (Tensor): ``[B, Nh, HW, d]`` queries, already scaled by ``d ** -0.5``.
@@ -296,31 +348,33 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         Tensor: ``[B, Nh, HW, dv]`` in the dtype of ``v``.
     """
     out_dtype = v.dtype
+    device = q.device.type
+    amp_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
     if impl == 'auto':
         B, Nh, N, _ = q.shape
-        impl = choose_impl(q.device.type, B * Nh * N * N)
-    # Logits and softmax in float32 even under fp16/bf16 autocast (fp16 overflow).
-    dtype = torch.promote_types(q.dtype, torch.float32)  # float64 stays float64 (tests)
-    with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        if table_h is not None:
-            table_h, table_w = table_h.to(dtype), table_w.to(dtype)
+        impl = choose_impl(device, B * Nh * N * N, amp_dtype)
+    dtype = kernel_dtype(device, impl, q.dtype, amp_dtype)
+    # the relative logits in float32 (float64 in tests), whatever the kernel's dtype
+    rel_dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(device, enabled=False):
         if impl == 'reference':
-            out = attention_reference(q, k, v, table_h, table_w, H, W)
-        else:
-            rel_h = rel_w = None
-            if table_h is not None:
-                rel_h, rel_w = relative_logits_2d(
-                    q.view(*q.shape[:2], H, W, q.shape[-1]), table_h, table_w)
+            tables = (None, None) if table_h is None else (table_h.to(dtype), table_w.to(dtype))
+            return attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), *tables, H, W).to(out_dtype)
+        rel_h = rel_w = None
+        if table_h is not None:
+            rel_h, rel_w = relative_logits_2d(q.to(rel_dtype).view(*q.shape[:2], H, W, q.shape[-1]),
+                                              table_h.to(rel_dtype), table_w.to(rel_dtype))
+        if impl == 'sdpa':
+            out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype)
+        elif impl in ('blocked', 'materialized'):
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             if impl == 'blocked':
                 out = attention_blocked(q, k, v, rel_h, rel_w, H, W, block_elems)
-            elif impl == 'sdpa':
-                out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W)
-            elif impl == 'materialized':
-                out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
             else:
-                raise ValueError(f"impl must be 'auto', 'blocked', 'sdpa', 'materialized' or "
-                                 f"'reference', got {impl!r}")
+                out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
+        else:
+            raise ValueError(f"impl must be 'auto', 'blocked', 'sdpa', 'materialized' or "
+                             f"'reference', got {impl!r}")
     return out.to(out_dtype)
 
 

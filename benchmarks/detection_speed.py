@@ -4,15 +4,22 @@ AA-ResNet-50 and GSA-ResNet-50, side by side in one run, as ratios to ResNet-50.
 Models come from the COCO configs (``configs/retinanet/*-scratch_fpn_8xb8-ms-150e_coco.py``, BN
 in one process); inputs are random images with random boxes, so no data is read.
 
-* train: 640x640 crops (the from-scratch recipe's size), batch 2, one SGD step
-  (data preprocessor, forward, focal + L1 losses, backward, update).
+* train: 640x640 crops (the from-scratch recipe's size), ``--batch`` images (default 8 on
+  CUDA, the recipe's per-GPU batch; 2 on the CPU), one SGD step (data preprocessor,
+  forward, focal + L1 losses, backward, update).
+* backbone: the backbone alone, forward + backward on the same batch (where the
+  attention kernels' cost shows undiluted by FPN and head).
 * infer: one ~1333x800 image (padded to 1344x800), ``mode='predict'`` with NMS.
+
+``--amp``: mmengine's ``AmpOptimWrapper`` (fp16 autocast + dynamic loss scale) on CUDA,
+bf16 autocast on the CPU; the kernels pick their precision per device and dtype
+(``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
 
 Each model runs in its own process so that its peak memory is its own
 (``torch.cuda.max_memory_allocated`` on CUDA, peak RSS growth on the CPU).
 
     .venv/bin/python benchmarks/detection_speed.py                  # CPU
-    .venv/bin/python benchmarks/detection_speed.py --device cuda --steps 20
+    .venv/bin/python benchmarks/detection_speed.py --device cuda --steps 20 --amp   # batch 8
 """
 import argparse
 import json
@@ -57,7 +64,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run_case(name, device, steps, warmup, amp, aa_impl=None):
+def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
     """Time ``steps`` training steps and inferences of one model; returns a dict."""
     import torch
     from mmdet.registry import MODELS
@@ -86,7 +93,7 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
     model.train()
     train_times = []
     for step in range(warmup + steps):
-        data = model.data_preprocessor(_batch(2, 640, 640, device, step), training=True)
+        data = model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
         _sync(device)
         t0 = time.perf_counter()
         with optim.optim_context(model):
@@ -101,6 +108,19 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
     else:
         train_peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 2 ** 20
 
+    backbone_times = []
+    for step in range(warmup + steps):
+        data = model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
+        _sync(device)
+        t0 = time.perf_counter()
+        with optim.optim_context(model):
+            feats = model.backbone(data['inputs'])
+        sum(f.float().mean() for f in feats).backward()
+        _sync(device)
+        if step >= warmup:
+            backbone_times.append(time.perf_counter() - t0)
+    optim.zero_grad()
+
     model.eval()
     infer_times = []
     with torch.no_grad():
@@ -113,7 +133,8 @@ def run_case(name, device, steps, warmup, amp, aa_impl=None):
             if step >= warmup:
                 infer_times.append(time.perf_counter() - t0)
     return dict(params_m=params, train_s=statistics.median(train_times), train_peak_gib=train_peak,
-                infer_s=statistics.median(infer_times), loss=float(loss))
+                backbone_s=statistics.median(backbone_times), infer_s=statistics.median(infer_times),
+                loss=float(loss))
 
 
 def main():
@@ -121,24 +142,28 @@ def main():
     parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--steps', type=int, default=3, help='timed steps per model (median)')
     parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--batch', type=int, help='training images per step (default: 8 on CUDA, 2 on the CPU)')
     parser.add_argument('--amp', action='store_true', help='fp16 (CUDA) / bf16 (CPU) autocast')
     parser.add_argument('--models', nargs='+', default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument('--aa-impl', choices=['auto', 'blocked', 'sdpa', 'materialized'],
                         help="AA attention kernel (AAConv2d's impl); default: 'auto'")
     parser.add_argument('--case', help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batch is None:
+        args.batch = 8 if args.device == 'cuda' else 2
     if args.case:
         import aa_det  # noqa: F401  (registers the backbones)
-        print(json.dumps(run_case(args.case, args.device, args.steps, args.warmup, args.amp, args.aa_impl)))
+        print(json.dumps(run_case(args.case, args.device, args.steps, args.warmup, args.amp, args.batch,
+                                  args.aa_impl)))
         return
-    print(f'device={args.device} amp={args.amp} aa_impl={args.aa_impl or "auto"}  RetinaNet+FPN, 80 classes, '
-          f'BN; median of {args.steps} steps after {args.warmup} warm-up')
+    print(f'device={args.device} amp={args.amp} batch={args.batch} aa_impl={args.aa_impl or "auto"}  '
+          f'RetinaNet+FPN, 80 classes, BN; median of {args.steps} steps after {args.warmup} warm-up')
     print(f'{"backbone":<14} {"params":>7} | {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
-          f'{"infer s":>8} {"x R50":>6}')
+          f'{"bb f+b s":>8} {"x R50":>6} | {"infer s":>8} {"x R50":>6}')
     base = None
     for name in args.models:
         cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
-               '--warmup', str(args.warmup)] + (['--amp'] if args.amp else []) \
+               '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
             + (['--aa-impl', args.aa_impl] if args.aa_impl else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
@@ -151,6 +176,7 @@ def main():
             return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
         print(f'{name:<14} {r["params_m"]:6.1f}M | {r["train_s"]:10.3f} {ratio("train_s")} '
               f'{r["train_peak_gib"]:9.2f} {ratio("train_peak_gib")} | '
+              f'{r["backbone_s"]:8.3f} {ratio("backbone_s")} | '
               f'{r["infer_s"]:8.3f} {ratio("infer_s")}', flush=True)
 
 

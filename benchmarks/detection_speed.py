@@ -64,6 +64,21 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def _median_time(device, steps, warmup, make_input, step_fn):
+    """Median seconds of ``step_fn(make_input(i))`` over ``steps`` calls after ``warmup``, and
+    the last call's result; inputs are made outside the timed region."""
+    times, result = [], None
+    for step in range(warmup + steps):
+        data = make_input(step)
+        _sync(device)
+        t0 = time.perf_counter()
+        result = step_fn(data)
+        _sync(device)
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
 def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
     """Time ``steps`` training steps and inferences of one model; returns a dict."""
     import torch
@@ -90,51 +105,38 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
 
-    model.train()
-    train_times = []
-    for step in range(warmup + steps):
-        data = model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
-        _sync(device)
-        t0 = time.perf_counter()
+    def train_step(data):
         with optim.optim_context(model):
             losses = model(**data, mode='loss')
         loss, _ = model.parse_losses(losses)
         optim.update_params(loss)
-        _sync(device)
-        if step >= warmup:
-            train_times.append(time.perf_counter() - t0)
+        return float(loss)
+
+    def backbone_step(data):
+        with optim.optim_context(model):
+            feats = model.backbone(data['inputs'])
+        sum(f.float().mean() for f in feats).backward()
+        optim.zero_grad()
+
+    def train_batch(step):
+        return model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
+
+    model.train()
+    train_s, loss = _median_time(device, steps, warmup, train_batch, train_step)
     if device == 'cuda':
         train_peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     else:
         train_peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 2 ** 20
-
-    backbone_times = []
-    for step in range(warmup + steps):
-        data = model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
-        _sync(device)
-        t0 = time.perf_counter()
-        with optim.optim_context(model):
-            feats = model.backbone(data['inputs'])
-        sum(f.float().mean() for f in feats).backward()
-        _sync(device)
-        if step >= warmup:
-            backbone_times.append(time.perf_counter() - t0)
-    optim.zero_grad()
+    backbone_s, _ = _median_time(device, steps, warmup, train_batch, backbone_step)
 
     model.eval()
-    infer_times = []
     with torch.no_grad():
-        for step in range(warmup + steps):
-            data = model.data_preprocessor(_batch(1, 800, 1333, device, 1000 + step), training=False)
-            _sync(device)
-            t0 = time.perf_counter()
-            model(**data, mode='predict')
-            _sync(device)
-            if step >= warmup:
-                infer_times.append(time.perf_counter() - t0)
-    return dict(params_m=params, train_s=statistics.median(train_times), train_peak_gib=train_peak,
-                backbone_s=statistics.median(backbone_times), infer_s=statistics.median(infer_times),
-                loss=float(loss))
+        infer_s, _ = _median_time(
+            device, steps, warmup,
+            lambda step: model.data_preprocessor(_batch(1, 800, 1333, device, 1000 + step), training=False),
+            lambda data: model(**data, mode='predict'))
+    return dict(params_m=params, train_s=train_s, train_peak_gib=train_peak, backbone_s=backbone_s,
+                infer_s=infer_s, loss=loss)
 
 
 def main():

@@ -1,8 +1,19 @@
 """aa_det: attention backbones (AA-ResNet, GSA-ResNet) for MMDetection 3.x.
 
-Pinned versions live in requirements/constraints.txt; tools/env/setup_env.sh installs against them.
+Supported ranges live in requirements/runtime.txt (also read by tools/env/env_check.py); the two
+tested stacks are pinned in requirements/constraints.txt (torch 2.14) and constraints-torch2.1.txt.
+Into an environment that already has torch, mmcv and mmdet: ``pip install --no-deps -e .``.
 """
+import os.path as osp
+
 from setuptools import find_packages, setup
+
+
+def parse_requirements(path):
+    """The requirement lines of ``path``, comments and blank lines dropped."""
+    with open(osp.join(osp.dirname(osp.abspath(__file__)), path)) as f:
+        return [line.split('#')[0].strip() for line in f if line.split('#')[0].strip()]
+
 
 setup(
     name='aa_det',
@@ -10,16 +21,6 @@ setup(
     description='Attention Augmented and Global Self-Attention ResNets for MMDetection',
     packages=find_packages(include=['aa_det', 'aa_det.*']),
     python_requires='>=3.9',
-    install_requires=[
-        'torch>=2.1',
-        'torchvision',
-        'mmengine>=0.10,<0.11',
-        'mmcv>=2.0.0,<2.2.0',
-        'mmdet>=3.3.0,<3.4',
-        'pycocotools',
-        'matplotlib',
-        'tensorboard',  # mmengine's TensorboardVisBackend (optional logging backend)
-        'psutil',  # mmdet's analysis_tools/benchmark.py
-    ],
+    install_requires=parse_requirements('requirements/runtime.txt'),
     extras_require={'tests': ['pytest']},
 )

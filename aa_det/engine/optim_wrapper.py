@@ -30,10 +30,11 @@ class CPUAmpOptimWrapper(OptimWrapper):
             (``optimizer``, ``accumulative_counts``, ``clip_grad``).
 
     Examples:
+        >>> from aa_det.utils.compat import autocast_dtype
         >>> wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
         >>> with wrapper.optim_context(nn.Linear(2, 2)):
-        ...     torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')
-        (True, torch.bfloat16)
+        ...     autocast_dtype('cpu')
+        torch.bfloat16
     """
 
     @contextmanager

@@ -13,10 +13,10 @@ init use) with a wrapper that loads inside
 process keeps torch's own allow-list.
 """
 import functools
-from contextlib import nullcontext
 
 import numpy as np
-import torch
+
+from .compat import safe_globals
 
 
 def mmengine_safe_globals():
@@ -54,14 +54,15 @@ def mmengine_checkpoint_globals():
     Examples:
         >>> import torch
         >>> from mmengine.logging.history_buffer import HistoryBuffer
-        >>> with mmengine_checkpoint_globals():
-        ...     HistoryBuffer in torch.serialization.get_safe_globals()
+        >>> from aa_det.utils.compat import TORCH_VERSION
+        >>> allowed = lambda: HistoryBuffer in torch.serialization.get_safe_globals()
+        >>> with mmengine_checkpoint_globals():  # torch < 2.5 loads everything
+        ...     TORCH_VERSION < (2, 5) or allowed()
         True
-        >>> HistoryBuffer in torch.serialization.get_safe_globals()
-        False
+        >>> TORCH_VERSION < (2, 5) or not allowed()
+        True
     """
-    safe_globals = getattr(torch.serialization, 'safe_globals', None)
-    return nullcontext() if safe_globals is None else safe_globals(mmengine_safe_globals())
+    return safe_globals(mmengine_safe_globals())
 
 
 def register_checkpoint_loader():

@@ -62,8 +62,50 @@ def _check_cuda_ops():
              'for TORCH_CUDA_ARCH_LIST).')
 
 
+RUNTIME = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       'requirements', 'runtime.txt')
+CHECKED = ('torch', 'torchvision', 'mmcv', 'mmengine', 'mmdet')
+
+
+def check_versions(runtime=RUNTIME):
+    """torch, torchvision, mmcv, mmengine and mmdet lie in the ranges of ``requirements/runtime.txt``
+    (the ones setup.py declares), and numpy is 1.x under a torch built before NumPy 2 (torch < 2.4);
+    otherwise exit 2 with one line naming the package, the version found and the range.
+    ``AA_DET_ALLOW_UNSUPPORTED=1`` turns that line into a warning and goes on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    problems = []
+    with open(runtime) as f:
+        for line in f:
+            line = line.split('#')[0].strip()
+            if not line or Requirement(line).name not in CHECKED:
+                continue
+            req = Requirement(line)
+            try:
+                found = version(req.name)
+            except PackageNotFoundError:
+                continue  # an import failure, reported by require_env
+            if not req.specifier.contains(found, prereleases=True):
+                problems.append(f'{req.name} {found} is outside the supported range {req.specifier}')
+    torch_ver, numpy_ver = Version(version('torch')), Version(version('numpy'))
+    if torch_ver.release[:2] < (2, 4) and numpy_ver.major >= 2:
+        problems.append(f'numpy {numpy_ver} with torch {torch_ver}: torch < 2.4 was built against NumPy 1.x, '
+                        'install numpy<2')
+    if not problems:
+        return
+    message = '; '.join(problems) + f' (requirements/runtime.txt; tested stacks: requirements/constraints*.txt)'
+    if os.environ.get('AA_DET_ALLOW_UNSUPPORTED') == '1':
+        sys.stderr.write(f'aa_det: warning: {message}\n')
+        return
+    _die(message, 'Fix: install a supported version (docs/setup.md), or set AA_DET_ALLOW_UNSUPPORTED=1 to '
+         'run anyway.')
+
+
 def require_env():
-    """Import the stack and aa_det, or exit 2 saying what is wrong and how to fix it."""
+    """Import the stack and aa_det, check their versions, or exit 2 saying what is wrong and how to
+    fix it."""
     import warnings
     # mmengine imports pkg_resources (deprecated by setuptools) when a config names an
     # ``mmdet::`` base; the warning says nothing to the user and would precede our one line.
@@ -75,6 +117,7 @@ def require_env():
         import mmdet  # noqa: F401
     except ImportError as e:
         _die(f'required package {e.name!r} is not installed in {sys.executable} ({e}).')
+    check_versions()
     try:
         from mmcv.ops import nms  # noqa: F401  (loads mmcv._ext)
     except Exception as e:  # noqa: BLE001  any failure here means a broken build

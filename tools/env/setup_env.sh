@@ -22,11 +22,15 @@
 #                           compiler (default c++) of the mmcv build, as torch's builder uses them
 #
 # mmcv 2.1.0 exists on PyPI only as source. It is built once per (mmcv, torch, python, flavour and,
-# for cuda, GPU architectures) key with MMCV_WITH_OPS=1, --no-build-isolation, setuptools<82 and
-# -std=c++20 (torch 2.14's headers need C++20; mmcv's setup.py asks for c++14/17), then cached as a
-# wheel in $AA_DET_CACHE/wheels/mmcv-<ver>-torch<ver>-<py>-cpu or ...-cuda-arch<list>.
+# for cuda, GPU architectures) key with MMCV_WITH_OPS=1, --no-build-isolation, setuptools<82 and the
+# C++ standard torch's own extension builder uses (C++20 for torch 2.14, whose headers need it; C++17,
+# mmcv's own choice, for torch 2.1), then cached as a wheel in
+# $AA_DET_CACHE/wheels/mmcv-<ver>-torch<ver>-<py>-cpu or ...-cuda-arch<list>.
+#
+# The floor stack (torch 2.1, what `mim install` gives mmdet 3.3 users) in a venv of its own:
+#   AA_DET_CONSTRAINTS=requirements/constraints-torch2.1.txt AA_DET_VENV=.venv-torch2.1 bash tools/env/setup_env.sh
 # The venv's stamp records the same key, so a change of flavour or GPU re-installs the right wheel.
-# Anything missing that the run needs (venv module, Python.h, a C++20 compiler, a matching nvcc)
+# Anything missing that the run needs (venv module, Python.h, a C++17/20 compiler, a matching nvcc)
 # is reported in one line, exit status 2, before anything is downloaded where that can be known.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -101,15 +105,20 @@ cuda_build_ready() {
 }
 
 # What the venv holds, read without importing torch: PY_TAG (cp311), TORCH_VER ("2.14.1+cu130",
-# "-" if absent), TORCH_CUDA (torch's CUDA version, "None" for a CPU build), PY_INCLUDE (Python.h dir).
+# "-" if absent), TORCH_CUDA (torch's CUDA version, "None" for a CPU build), PY_INCLUDE (Python.h dir),
+# CXX_STD: the C++ standard torch's extension builder compiles with (c++20 for torch 2.14, c++17 for
+# torch 2.1; c++17, the least any supported torch needs, while torch is absent).
 read_venv() {
   local info
   info=$("$VENV/bin/python" -c 'import importlib.util, os, sys, sysconfig
-spec, ns = importlib.util.find_spec("torch"), {"__version__": "-", "cuda": "-"}
+spec, ns, std = importlib.util.find_spec("torch"), {"__version__": "-", "cuda": "-"}, "c++17"
 if spec and spec.origin:
-    exec(open(os.path.join(os.path.dirname(spec.origin), "version.py")).read(), ns)
-print("cp%d%d" % sys.version_info[:2], ns["__version__"], ns["cuda"], sysconfig.get_paths()["include"])')
-  read -r PY_TAG TORCH_VER TORCH_CUDA PY_INCLUDE <<<"$info"
+    root = os.path.dirname(spec.origin)
+    exec(open(os.path.join(root, "version.py")).read(), ns)
+    if "-std=c++20" in open(os.path.join(root, "utils", "cpp_extension.py")).read():
+        std = "c++20"
+print("cp%d%d" % sys.version_info[:2], ns["__version__"], ns["cuda"], std, sysconfig.get_paths()["include"])')
+  read -r PY_TAG TORCH_VER TORCH_CUDA CXX_STD PY_INCLUDE <<<"$info"
 }
 
 # A cuda build needs a torch built for CUDA, an nvcc of the same CUDA major version (torch's
@@ -127,13 +136,17 @@ check_cuda_toolkit() {
   [ -n "$ARCH" ] || die "AA_DET_FLAVOR=cuda but torch sees no GPU: set TORCH_CUDA_ARCH_LIST to the architectures to build for (e.g. 9.0 for H100)"
 }
 
-# Building mmcv needs Python's headers and a C++ compiler that accepts -std=c++20.
+# Building mmcv needs Python's headers and a C++ compiler that accepts torch's standard ($CXX_STD).
 check_build_tools() {
-  local pyver="${PY_TAG:2:1}.${PY_TAG:3}" cxx=${CXX:-c++}
+  local pyver="${PY_TAG:2:1}.${PY_TAG:3}" cxx=${CXX:-c++} probe
   [ -f "$PY_INCLUDE/Python.h" ] || die "no Python.h in $PY_INCLUDE: building mmcv needs Python's headers (Debian/Ubuntu: apt-get install python$pyver-dev)"
-  printf '#include <concepts>\n#if __cplusplus < 202002L\n#error\n#endif\ntemplate <class T> concept Any = true;\nint main() {}\n' |
-    $cxx -std=c++20 -x c++ -fsyntax-only - >/dev/null 2>&1 ||
-    die "C++ compiler '$cxx' (\$CXX, default c++) is missing or does not accept -std=c++20, which building mmcv against torch needs (Debian/Ubuntu: apt-get install g++, GCC 10 or newer)"
+  if [ "$CXX_STD" = c++20 ]; then
+    probe='#include <concepts>\n#if __cplusplus < 202002L\n#error\n#endif\ntemplate <class T> concept Any = true;\nint main() {}\n'
+  else
+    probe='#include <optional>\n#if __cplusplus < 201703L\n#error\n#endif\nstd::optional<int> x;\nint main() {}\n'
+  fi
+  printf "$probe" | $cxx "-std=$CXX_STD" -x c++ -fsyntax-only - >/dev/null 2>&1 ||
+    die "C++ compiler '$cxx' (\$CXX, default c++) is missing or does not accept -std=$CXX_STD, which building mmcv against torch ${TORCH_VER/#-/$TORCH_PIN} needs (Debian/Ubuntu: apt-get install g++; GCC 10 or newer for C++20)"
 }
 
 wheel_dir() {  # [flavour]
@@ -219,14 +232,14 @@ if [ "$TORCH_KEPT" = 0 ] || [ "$TORCH_VER" != "$BEFORE" ]; then plan_mmcv; fi
 
 # ---- 4. mmcv, built once per key ----------------------------------------------------------------
 if ! have_wheel; then
-  say "building mmcv $MMCV_VER with ops for torch $TORCH_VER ($FLAVOR${ARCH_LIST:+, arch $ARCH_LIST}); ~5 min on 2 cores (CPU), longer with CUDA"
+  say "building mmcv $MMCV_VER with ops for torch $TORCH_VER ($FLAVOR${ARCH_LIST:+, arch $ARCH_LIST}, $CXX_STD); 5-8 min on 2 cores (CPU), longer with CUDA"
   SRC=$(mktemp -d)
   HEARTBEAT=
   cleanup() { if [ -n "$HEARTBEAT" ]; then kill "$HEARTBEAT" 2>/dev/null || true; fi; rm -rf "$SRC"; }
   trap cleanup EXIT
   "${PIP[@]}" download --no-deps --no-binary :all: -d "$SRC" "mmcv==$MMCV_VER"
   tar xzf "$SRC"/mmcv-"$MMCV_VER".tar.gz -C "$SRC"
-  sed -i 's/-std=c++1[47]/-std=c++20/g' "$SRC/mmcv-$MMCV_VER/setup.py"
+  sed -i "s/-std=c++1[47]/-std=$CXX_STD/g" "$SRC/mmcv-$MMCV_VER/setup.py"
   if [ "$FLAVOR" = cuda ]; then
     BUILD_ENV=(FORCE_CUDA=1 "TORCH_CUDA_ARCH_LIST=$ARCH_LIST")
   else

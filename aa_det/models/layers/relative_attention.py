@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...utils.compat import autocast_dtype
+
 #: Default bound on ``B * Nh * queries * keys`` logits held at once (16 MiB in fp32). Small
 #: blocks are also the fast choice on the CPU (cache-sized, and below glibc's mmap threshold,
 #: so reused instead of page-faulted in afresh): 1.3-2x faster than 64 MiB blocks. A smaller
@@ -349,7 +351,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     """
     out_dtype = v.dtype
     device = q.device.type
-    amp_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    amp_dtype = autocast_dtype(device)
     if impl == 'auto':
         B, Nh, N, _ = q.shape
         impl = choose_impl(device, B * Nh * N * N, amp_dtype)

@@ -1,0 +1,54 @@
+"""The torch APIs that differ between the supported releases, in one place.
+
+aa_det supports torch 2.1 (the newest release with prebuilt mmcv 2.1.0 wheels, what
+``mim install`` gives mmdet 3.3 users) up to the pinned 2.14 (``requirements/runtime.txt``
+holds the ranges). Every call whose signature or existence depends on the torch release
+goes through this module; each branch says which releases take it.
+
+Example:
+    >>> import torch
+    >>> autocast_dtype('cpu') is None
+    True
+    >>> with torch.autocast('cpu', dtype=torch.bfloat16):
+    ...     autocast_dtype('cpu')
+    torch.bfloat16
+"""
+from contextlib import nullcontext
+from typing import Optional
+
+import torch
+from mmengine.utils import digit_version
+
+#: The running torch release as ``(major, minor)``, e.g. ``(2, 1)``.
+TORCH_VERSION = tuple(digit_version(torch.__version__)[:2])
+
+
+def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast runs ``device_type`` ops in, or None where autocast is off.
+
+    Args:
+        device_type (str): ``'cpu'``, ``'cuda'``, ...
+
+    Returns:
+        torch.dtype | None: e.g. ``torch.bfloat16`` inside ``torch.autocast('cpu')``.
+    """
+    if TORCH_VERSION >= (2, 4):  # per-device queries take the device type from torch 2.4 on
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    # torch 2.1 - 2.3: one query per device, without arguments
+    if device_type == 'cpu':
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    if device_type == 'cuda':
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return None
+
+
+def safe_globals(globals_list: list):
+    """A context in which ``torch.load(weights_only=True)`` also accepts ``globals_list``.
+
+    torch >= 2.5 has ``torch.serialization.safe_globals``. Before that (torch 2.1 - 2.4)
+    ``torch.load`` defaults to ``weights_only=False`` and mmengine does not ask for safe
+    loading, so there is nothing to allow-list: a null context.
+    """
+    if TORCH_VERSION >= (2, 5):
+        return torch.serialization.safe_globals(globals_list)
+    return nullcontext()

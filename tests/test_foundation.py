@@ -11,6 +11,8 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
+from torch_versions import SAFE_GLOBALS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,6 +71,7 @@ def _runner(work_dir, max_epochs, resume, load_from=None):
                   resume=resume, load_from=load_from, default_scope='mmdet')
 
 
+@SAFE_GLOBALS
 def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
     """The allow-list applies to mmengine's checkpoint loader only: resume and load_from work,
     a plain torch.load(weights_only=True) in the same process still refuses the checkpoint."""
@@ -80,7 +83,7 @@ def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
     ckpt = tmp_path / 'epoch_1.pth'
     # What the checkpoint holds beyond tensors is in the allow-list (getattr included).
     needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt)))
-    allowed = {f'{g.__module__}.{g.__qualname__}' for g in mmengine_safe_globals()}
+    allowed = {g[1] if isinstance(g, tuple) else f'{g.__module__}.{g.__qualname__}' for g in mmengine_safe_globals()}
     assert 'builtins.getattr' in needed and needed <= allowed, needed - allowed
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(ckpt, map_location='cpu', weights_only=True)

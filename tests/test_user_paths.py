@@ -14,6 +14,7 @@ import torch
 
 from aa_det.datasets import generate_shapes_coco
 from aa_det.engine import ConfigError, build_runner, check_coco_annotation, load_config
+from aa_det.utils.compat import autocast_dtype
 
 from demo_config import DEMO, ROOT, demo_options
 
@@ -74,10 +75,10 @@ def test_amp_train_step_runs_the_forward_under_bf16_autocast(tiny_shapes, tmp_pa
     assert type(wrapper).__name__ == 'CPUAmpOptimWrapper'
     seen = []
     runner.model.backbone.register_forward_hook(
-        lambda module, args, outputs: seen.append((torch.is_autocast_enabled('cpu'), outputs[-1].dtype)))
+        lambda module, args, outputs: seen.append((autocast_dtype('cpu'), outputs[-1].dtype)))
     batch = next(iter(runner.build_dataloader(cfg.train_dataloader)))
     log_vars = runner.model.train_step(batch, wrapper)
-    assert seen == [(True, torch.bfloat16)]
+    assert seen == [(torch.bfloat16, torch.bfloat16)]
     assert all(math.isfinite(float(v)) for v in log_vars.values()), log_vars
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in runner.model.parameters())
 

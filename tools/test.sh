@@ -5,6 +5,7 @@
 #   bash tools/test.sh -m ''         # all tests
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$(realpath -m "${AA_DET_VENV:-$ROOT/.venv}")   # as setup_env.sh resolves it, from the caller's folder
 bash "$ROOT/tools/env/setup_env.sh"
 cd "$ROOT"
-exec "${AA_DET_VENV:-$ROOT/.venv}/bin/python" -m pytest "$@"
+exec "$VENV/bin/python" -m pytest "$@"

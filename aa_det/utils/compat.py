@@ -43,12 +43,26 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 
 def safe_globals(globals_list: list):
-    """A context in which ``torch.load(weights_only=True)`` also accepts ``globals_list``.
+    """A context in which ``torch.load(weights_only=True)`` also accepts ``globals_list``
+    (classes, functions, and ``(function, pickled name)`` pairs).
 
-    torch >= 2.5 has ``torch.serialization.safe_globals``. Before that (torch 2.1 - 2.4)
-    ``torch.load`` defaults to ``weights_only=False`` and mmengine does not ask for safe
-    loading, so there is nothing to allow-list: a null context.
+    ``torch.load`` defaults to ``weights_only=True`` from torch 2.6 on, which also takes the
+    pairs. Before (torch 2.1 - 2.5) mmengine's loads unpickle everything: a null context.
     """
-    if TORCH_VERSION >= (2, 5):
+    if TORCH_VERSION >= (2, 6):
         return torch.serialization.safe_globals(globals_list)
     return nullcontext()
+
+
+def is_capturing_graph() -> bool:
+    """True while torch.compile or torch.export (dynamo), ``torch.jit.trace`` or the TorchScript
+    ONNX exporter captures a graph of the running code.
+
+    ``torch.compiler.is_compiling`` exists from torch 2.3 on; torch 2.1 - 2.2 have only
+    ``torch._dynamo.is_compiling``.
+    """
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True
+    if TORCH_VERSION >= (2, 3):
+        return torch.compiler.is_compiling()
+    return torch._dynamo.is_compiling()

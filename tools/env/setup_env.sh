@@ -34,9 +34,9 @@
 # is reported in one line, exit status 2, before anything is downloaded where that can be known.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-VENV=${AA_DET_VENV:-$ROOT/.venv}
+VENV=$(realpath -m "${AA_DET_VENV:-$ROOT/.venv}")   # absolute: the mmcv build runs in another folder
 PYTHON=${AA_DET_PYTHON:-python3.11}
-CONSTRAINTS=${AA_DET_CONSTRAINTS:-$ROOT/requirements/constraints.txt}
+CONSTRAINTS=$(realpath -m "${AA_DET_CONSTRAINTS:-$ROOT/requirements/constraints.txt}")
 CACHE=${AA_DET_CACHE:-$HOME/.cache/aa_det}
 FLAVOR_WANTED=${AA_DET_FLAVOR:-auto}
 TORCH_INDEX=${AA_DET_TORCH_INDEX_URL:-}

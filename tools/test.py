@@ -1,7 +1,7 @@
 """Evaluate a checkpoint (mmdet's tools/test.py semantics); COCO bbox mAP via CocoMetric
 (LenientCocoMetric: also for annotation files without `info`).
 
-    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
+    .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--partial-load]
         [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 """
 import argparse
@@ -25,6 +25,9 @@ def parse_args():
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='the dir to save evaluation results')
     parser.add_argument('--out', help='dump predictions to a pickle file')
+    parser.add_argument('--partial-load', action='store_true',
+                        help='evaluate a checkpoint that does not fit the model (its matching keys load, the '
+                             'others keep their initialisation); without it such a checkpoint is an error')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -37,7 +40,7 @@ def parse_args():
 def main():
     args = parse_args()
     cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                      launcher=args.launcher)
+                      launcher=args.launcher, partial_load=args.partial_load)
     if not osp.isfile(args.checkpoint):
         raise ConfigError(f'checkpoint file not found: {args.checkpoint}')
     cfg.load_from = args.checkpoint

@@ -1,7 +1,7 @@
 """Train a detector or classifier from a config (mmdet's tools/train.py semantics).
 
     .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
-        [--auto-scale-lr] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
+        [--auto-scale-lr] [--partial-load] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
 Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
 in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU
@@ -33,6 +33,10 @@ def parse_args():
                         help='scale lr by total batch / auto_scale_lr.base_batch_size')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CKPT, or from the latest checkpoint in work-dir')
+    parser.add_argument('--partial-load', action='store_true',
+                        help='load a load_from checkpoint that does not fit the model (its matching keys; '
+                             'the others keep their initialisation); without it such a checkpoint '
+                             'stops the run before training')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, key=value')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
@@ -46,7 +50,7 @@ def main():
     args = parse_args()
     cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
                       launcher=args.launcher, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
-                      resume=args.resume)
+                      resume=args.resume, partial_load=args.partial_load)
     build_runner(cfg).train()
 
 

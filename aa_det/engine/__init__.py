@@ -1,6 +1,9 @@
-"""Training-loop pieces: config loading and Runner construction for the tools, and the
-``CPUAmpOptimWrapper`` registered in mmengine's registries."""
+"""Training-loop pieces: config loading and Runner construction for the tools (checkpoints
+checked before the run), the ``CPUAmpOptimWrapper`` registered in mmengine's registries and
+the ``StopOnNonFiniteLoss`` hook."""
+from .hooks import NonFiniteLossError, StopOnNonFiniteLoss
 from .optim_wrapper import CPUAmpOptimWrapper
 from .runner import ConfigError, build_runner, check_coco_annotation, load_config
 
-__all__ = ['CPUAmpOptimWrapper', 'ConfigError', 'build_runner', 'check_coco_annotation', 'load_config']
+__all__ = ['CPUAmpOptimWrapper', 'ConfigError', 'NonFiniteLossError', 'StopOnNonFiniteLoss', 'build_runner',
+           'check_coco_annotation', 'load_config']

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
+from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -29,7 +30,7 @@ def _replace_type(cfg, old: str, new: str):
 
 def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
                 launcher: str = 'none', amp: bool = False, auto_scale_lr: bool = False,
-                resume: Optional[str] = None) -> Config:
+                resume: Optional[str] = None, partial_load: bool = False) -> Config:
     """Read a config and apply the command-line semantics of mmdet's tools.
 
     * ``launcher='none'`` or no CUDA: SyncBN -> BN (SyncBN runs only on GPUs in
@@ -41,7 +42,12 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
       (bf16 autocast, no loss scale; ``loss_scale`` / ``dtype`` are dropped).
     * ``CocoMetric`` in the val / test evaluators becomes ``LenientCocoMetric``
       (the same metric; it also accepts annotation files without ``info``).
+    * ``CocoDataset`` in the dataloaders becomes ``CheckedCocoDataset`` (the same
+      dataset; it names the file of a JSON syntax error, logs the annotations it
+      skips and checks that its images exist).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
+    * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may
+      load a checkpoint that does not fit the model (see :func:`build_runner`).
     """
     if not osp.isfile(path):
         raise ConfigError(f'config file not found: {path}')
@@ -73,6 +79,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
     for name in ('val_evaluator', 'test_evaluator'):
         _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
+    for split in ('train', 'val', 'test'):
+        _replace_type(cfg.get(f'{split}_dataloader'), 'CocoDataset', 'CheckedCocoDataset')
     if auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{path}: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
@@ -83,6 +91,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         if not osp.isfile(resume):
             raise ConfigError(f'--resume: checkpoint file not found: {resume}')
         cfg.resume, cfg.load_from = True, resume
+    if partial_load:
+        cfg.partial_load = True
     return cfg
 
 
@@ -135,7 +145,7 @@ def check_datasets(cfg: Config, splits=('train', 'val', 'test')):
         ann = dataset.get('ann_file')
         if ann:
             ann_path = osp.join(root, ann)
-            if dataset.get('type') == 'CocoDataset':
+            if dataset.get('type') in ('CocoDataset', 'CheckedCocoDataset'):
                 check_coco_annotation(ann_path)
             elif not osp.exists(ann_path):
                 raise ConfigError(f'{name}.dataset.ann_file not found: {ann_path}')
@@ -165,11 +175,25 @@ def check_pretrained(cfg: Config):
 
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     """Check the data of ``splits`` and the checkpoint paths, then build mmengine's Runner
-    (or the config's runner_type)."""
+    (or the config's runner_type).
+
+    The checkpoint the run will load (``load_from``, ``resume``) is read and checked
+    first (:mod:`aa_det.engine.checkpoints`): readable, finite, and, once the model
+    is built, fitting it: exactly for ``resume`` and for testing (``splits`` without
+    ``'train'``), up to the heads' classification layers for ``load_from`` in
+    training, anything with ``partial_load=True``. An auto-resume whose latest
+    checkpoint is unusable resumes from the newest usable one.
+    """
+    from .checkpoints import check_checkpoint_fits, check_run_checkpoint
     check_datasets(cfg, splits)
     check_pretrained(cfg)
+    checkpoint = check_run_checkpoint(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the
         # Runner skips it when a process group exists, so start gloo here (torchrun's env://).
         dist.init_process_group(backend='gloo')
-    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if checkpoint is not None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        check_checkpoint_fits(cfg, model, *checkpoint, training='train' in splits)
+    return runner

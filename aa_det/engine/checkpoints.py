@@ -1,0 +1,210 @@
+"""Checkpoints checked before a run spends time on them.
+
+mmengine loads ``load_from`` / ``--resume`` checkpoints only once the data
+and the model are built, then loads whatever keys match (a warning among
+hundreds of log lines) and trusts the values. :func:`check_run_checkpoint`
+(called by :func:`aa_det.engine.build_runner`) reads the checkpoint first,
+through mmengine's own loader, and turns every way it can be unusable into one
+:class:`ConfigError` naming the file: unreadable (empty, truncated, not a
+checkpoint), non-finite values, or keys that do not fit the model.
+"""
+import glob
+import os.path as osp
+import re
+from typing import Optional
+
+import torch
+from mmengine.logging import print_log
+from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
+
+from .runner import ConfigError
+
+# Keys that may differ when ``load_from`` fine-tunes a detector to other classes: the
+# classification layers of the detection heads (RetinaNet's ``retina_cls``, the FCOS /
+# ATSS family's ``conv_cls``, two-stage ``fc_cls``).
+FINE_TUNE_KEYS = re.compile(r'^(bbox_head|roi_head)\.(.*\.)?(retina_cls|conv_cls|fc_cls)\.')
+
+
+def read_checkpoint(path: str) -> dict:
+    """Load a checkpoint with mmengine's loader (torch's safe loading), on the CPU.
+
+    Args:
+        path (str): A local checkpoint file.
+
+    Returns:
+        dict: The checkpoint.
+
+    Raises:
+        ConfigError: The file is empty, truncated or no PyTorch checkpoint, or
+            holds objects safe loading refuses; one line naming the file.
+    """
+    if osp.getsize(path) == 0:
+        raise ConfigError(f'checkpoint file is empty (0 bytes): {path}')
+    try:
+        checkpoint = _load_checkpoint(path, map_location='cpu', logger='silent')
+    except Exception as e:  # noqa: BLE001  torch raises a different type for every kind of damage
+        text = str(e)
+        unsupported = re.search(r'Unsupported global: (GLOBAL \S+)', text)
+        if unsupported:
+            reason = (f'it holds Python objects that safe loading refuses ({unsupported.group(1)}); '
+                      'if you trust the file, load it once and save only its state_dict')
+        elif 'zip archive' in text or isinstance(e, EOFError):
+            reason = 'it is truncated or damaged (an interrupted copy or save?)'
+        else:
+            reason = f'it is not a PyTorch checkpoint ({type(e).__name__})'
+        raise ConfigError(f'checkpoint file cannot be loaded: {path}: {reason}') from None
+    if not isinstance(checkpoint, dict):
+        raise ConfigError(f'checkpoint file holds a {type(checkpoint).__name__}, not a state dict: {path}')
+    return checkpoint
+
+
+def state_dict_of(checkpoint: dict) -> dict:
+    """The model weights of a checkpoint: its ``state_dict`` (or ``model``), else the checkpoint
+    itself, with DataParallel's ``module.`` prefix removed as mmengine does."""
+    state = checkpoint.get('state_dict', checkpoint.get('model', checkpoint))
+    return {re.sub(r'^module\.', '', key): value for key, value in state.items()}
+
+
+def first_non_finite(tree, path: str = '') -> Optional[str]:
+    """The key path of the first floating-point tensor with a NaN or inf value in nested
+    dicts / lists, or None."""
+    if isinstance(tree, torch.Tensor):
+        finite = not tree.is_floating_point() or bool(torch.isfinite(tree).all())
+        return None if finite else path
+    if isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, (list, tuple)):
+        items = enumerate(tree)
+    else:
+        return None
+    for key, value in items:
+        found = first_non_finite(value, f'{path}.{key}' if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def check_fits_model(model: torch.nn.Module, state: dict, path: str, allowed=None):
+    """Every key of the model is in ``state`` with its shape, and ``state`` has no other key,
+    except keys matching ``allowed`` and modules' optional ``_extra_state`` records.
+
+    Args:
+        model (nn.Module): The (unwrapped) model the checkpoint is for.
+        state (dict): Its weights, see :func:`state_dict_of`.
+        path (str): The checkpoint file, for the message.
+        allowed (re.Pattern, optional): Keys that may be missing, unexpected or
+            of another shape. Defaults to None (none may).
+
+    Raises:
+        ConfigError: One line with the counts and the first key of each kind.
+    """
+    own = model.state_dict()
+    ok = (lambda key: bool(allowed.match(key))) if allowed is not None else (lambda key: False)
+    missing = [k for k in own if k not in state and not k.endswith('_extra_state') and not ok(k)]
+    unexpected = [k for k in state if k not in own and not ok(k)]
+    shapes = [k for k in state if k in own and not ok(k) and isinstance(state[k], torch.Tensor)
+              and state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f'{len(keys)} {what} (first: {keys[0]})' for what, keys in
+                 (('missing keys', missing), ('unexpected keys', unexpected),
+                  ('keys of another shape', shapes)) if keys]
+        raise ConfigError(f'checkpoint does not fit the model: {path}: {", ".join(parts)}')
+
+
+def usable_checkpoint(path: str) -> dict:
+    """:func:`read_checkpoint`, plus a :class:`ConfigError` naming the first non-finite key."""
+    checkpoint = read_checkpoint(path)
+    bad = first_non_finite({key: checkpoint[key] for key in ('state_dict', 'optimizer') if key in checkpoint}
+                           if 'state_dict' in checkpoint else checkpoint)
+    if bad is not None:
+        raise ConfigError(f'checkpoint holds non-finite values (NaN or inf): {path}: first at {bad}')
+    return checkpoint
+
+
+def latest_usable_checkpoint(work_dir: str) -> Optional[tuple]:
+    """What ``--resume`` without a path resumes from: mmengine's latest checkpoint of
+    ``work_dir``, or, when that one is unusable, the newest usable ``epoch_*.pth`` /
+    ``iter_*.pth`` before it (one warning line saying so).
+
+    Returns:
+        tuple[str, dict] | None: The path and the checkpoint, or None when the
+        work dir has no checkpoint (the run starts from scratch, as in mmengine).
+    """
+    latest = find_latest_checkpoint(work_dir) if osp.isdir(work_dir) else None
+    if latest is None:
+        return None
+    candidates = sorted(glob.glob(osp.join(work_dir, 'epoch_*.pth')) + glob.glob(osp.join(work_dir, 'iter_*.pth')),
+                        key=osp.getmtime, reverse=True)
+    first_error = None
+    for path in [latest] + [c for c in candidates if not osp.exists(latest) or not osp.samefile(c, latest)]:
+        try:
+            checkpoint = usable_checkpoint(path) if osp.isfile(path) else None
+        except ConfigError as e:
+            first_error = first_error or e
+            continue
+        if checkpoint is None:
+            continue
+        if path != latest:
+            print_log(f'aa_det: the latest checkpoint is unusable ({first_error or f"{latest} not found"}); '
+                      f'resuming from {path}', logger='current', level=30)
+        return path, checkpoint
+    raise first_error or ConfigError(f'--resume: the latest checkpoint {latest} is missing and {work_dir} '
+                                     'holds no other epoch_*.pth / iter_*.pth')
+
+
+def check_run_checkpoint(cfg) -> Optional[tuple]:
+    """Read and check the checkpoint a run will load (``cfg.load_from``, or the latest one of
+    ``cfg.work_dir`` for ``resume=True`` without ``load_from``), before the Runner is built.
+    For an auto-resume whose latest checkpoint is unusable, ``cfg.load_from`` becomes the
+    newest usable one.
+
+    Returns:
+        tuple[str, dict] | None: The path and the checkpoint; None when the run loads none.
+    """
+    if cfg.get('resume') and cfg.get('load_from') is None:
+        found = latest_usable_checkpoint(cfg.work_dir)
+        if found is not None:
+            cfg.load_from = found[0]
+        return found
+    path = cfg.get('load_from')
+    if path is None or '://' in path:  # URLs and other schemes are left to mmengine
+        return None
+    if not osp.isfile(path):
+        raise ConfigError(f'load_from: checkpoint file not found: {path}')
+    return path, usable_checkpoint(path)
+
+
+def check_checkpoint_fits(cfg, model: torch.nn.Module, path: str, checkpoint: dict, training: bool):
+    """The checkpoint ``path`` loads cleanly into ``model``.
+
+    Args:
+        cfg (Config): The run's config (``resume``, ``partial_load``).
+        model (nn.Module): The unwrapped model.
+        path (str): The checkpoint file, for the messages.
+        checkpoint (dict): What :func:`check_run_checkpoint` read from it.
+        training (bool): The run trains (``load_from`` may then fine-tune).
+
+
+    * ``resume``: every key, exactly (a run resumes only from its own checkpoints).
+    * ``load_from`` for training: every key but the heads' classification layers
+      (:data:`FINE_TUNE_KEYS`: fine-tuning to other classes); those left out are logged.
+    * ``load_from`` for testing (``tools/test.py``): every key, exactly.
+    * ``partial_load=True`` in the config (``--partial-load``): anything; what does not
+      fit is left to mmengine, which loads the matching keys and logs the rest.
+    """
+    if cfg.get('partial_load'):
+        return
+    state = state_dict_of(checkpoint)
+    fine_tune = training and not cfg.get('resume')
+    hint = ('' if cfg.get('resume') else '; to load the keys that fit and initialise the others, pass '
+            '--partial-load (or partial_load=True in the config)')
+    try:
+        check_fits_model(model, state, path, FINE_TUNE_KEYS if fine_tune else None)
+    except ConfigError as e:
+        raise ConfigError(f'{e}{hint}') from None
+    if fine_tune:
+        own = model.state_dict()
+        differ = [k for k in own if FINE_TUNE_KEYS.match(k) and (k not in state or state[k].shape != own[k].shape)]
+        if differ:
+            print_log(f'aa_det: load_from {path}: {len(differ)} classification-layer keys do not fit and keep '
+                      f'their initialisation (first: {differ[0]})', logger='current', level=30)

@@ -1,0 +1,48 @@
+"""``StopOnNonFiniteLoss``: mmdet's ``CheckInvalidLossHook`` with one clear line.
+
+mmdet's hook asserts a finite loss; its assertion message is ``None`` (the
+return value of the ``logger.info`` it passes) after a traceback. This one checks
+the same loss at the same interval and stops training with a
+:class:`NonFiniteLossError`, which the tools print as one ``aa_det:`` line.
+"""
+from typing import Optional
+
+import torch
+from mmdet.engine.hooks import CheckInvalidLossHook
+from mmdet.registry import HOOKS
+
+from .runner import ConfigError
+
+
+class NonFiniteLossError(ConfigError):
+    """The training loss became NaN or inf; the message says where."""
+
+
+@HOOKS.register_module()
+class StopOnNonFiniteLoss(CheckInvalidLossHook):
+    """Stop training when the loss is NaN or inf.
+
+    Args:
+        interval (int): Check every ``interval`` iterations. The loss is
+            already read on the host every iteration (mmengine's message hub
+            logs it), so the default, 1, costs nothing. Defaults to 1.
+    """
+
+    def __init__(self, interval: int = 1) -> None:
+        super().__init__(interval)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Optional[dict] = None,
+                         outputs: Optional[dict] = None) -> None:
+        """Raise :class:`NonFiniteLossError` on a non-finite ``outputs['loss']``."""
+        if not self.every_n_train_iters(runner, self.interval) or bool(torch.isfinite(outputs['loss'])):
+            return
+        terms = ', '.join(f'{key}: {float(value):.4g}' for key, value in outputs.items())
+        message = (f'training stopped: non-finite loss at epoch {runner.epoch + 1}, iteration {runner.iter + 1} '
+                   f'({terms}); the checkpoints saved so far are kept. Causes: a learning rate too high '
+                   '(optim_wrapper.optimizer.lr) or no gradient clipping (optim_wrapper.clip_grad), '
+                   'broken boxes in the data (tools/check_dataset.py), a damaged load_from checkpoint')
+        runner.logger.error(message)
+        raise NonFiniteLossError(message)
+
+
+__all__ = ['NonFiniteLossError', 'StopOnNonFiniteLoss']

@@ -1,0 +1,182 @@
+"""Data checked before work is spent (issue 20, part B): images listed in the annotation file
+exist, JSON syntax errors name the file, skipped annotations are counted, and the opt-in full
+check (tools/check_dataset.py) finds what silently drops boxes."""
+import json
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from mmengine.hooks import Hook
+
+from aa_det.datasets import generate_shapes_coco
+from aa_det.datasets.checked_coco import missing_files, skip_reason
+from aa_det.engine import ConfigError, build_runner, load_config
+
+from demo_config import DEMO, ROOT, demo_options
+
+ENV = dict(os.environ, OMP_NUM_THREADS='1')
+ONE_ITER = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8}
+
+
+def run_tool(tool, *args, options=None):
+    cmd = [sys.executable, osp.join(ROOT, 'tools', tool), *map(str, args)]
+    if options:
+        cmd += ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT)
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp('shapes')
+    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
+    return root
+
+
+@pytest.fixture
+def data(shapes, tmp_path):
+    """A copy of the tiny shapes data to damage."""
+    return shutil.copytree(shapes, tmp_path / 'data')
+
+
+def edit_json(path, change):
+    coco = json.loads(path.read_text())
+    change(coco)
+    path.write_text(json.dumps(coco))
+
+
+def runner_for(data, tmp_path, **extra):
+    cfg = load_config(DEMO, work_dir=str(tmp_path / 'work'), cfg_options=demo_options(data, **ONE_ITER, **extra))
+    return cfg, build_runner(cfg)
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_missing_image_stops_before_training(data, tmp_path, split):
+    """Before: the loader crashed when it reached the file (a validation image: after all
+    training). Now building the dataloaders, before the first iteration, names it."""
+    (data / split / '000002.png').unlink()
+    cfg, runner = runner_for(data, tmp_path)
+    steps = []
+
+    class Spy(Hook):
+        def before_train_iter(self, *args, **kwargs):
+            steps.append(1)
+
+    runner.register_hook(Spy())
+    pattern = rf'1 of \d+ images listed in .*instances_{split}.json are missing, first: .*{split}/000002.png'
+    with pytest.raises(ConfigError, match=pattern):
+        runner.train()
+    assert steps == []
+
+
+def test_missing_image_is_one_line_from_the_tool(data, tmp_path):
+    (data / 'val' / '000001.png').unlink()
+    out = run_tool('train.py', DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.fullmatch(r'aa_det: 1 of 4 images listed in \S+instances_val.json are missing, first: \S+/val/000001.png\n',
+                        out.stderr), out.stderr[-2000:]
+
+
+def test_json_syntax_error_names_file_line_and_column(data, tmp_path):
+    """Before: ``JSONDecodeError: Expecting ',' delimiter: line 1 column 3015`` without the file."""
+    path = data / 'annotations' / 'instances_train.json'
+    text = json.dumps(json.loads(path.read_text()), indent=1)
+    lines = text.splitlines()
+    lines[40] = lines[40].rstrip(',')  # a missing comma mid-file
+    path.write_text('\n'.join(lines))
+    cfg, runner = runner_for(data, tmp_path)
+    with pytest.raises(ConfigError, match=r'not valid JSON: \S+instances_train.json, line 42, column \d+: '
+                                          r"Expecting ',' delimiter"):
+        runner.train()
+
+
+def test_skipped_annotations_are_counted_in_one_log_line(data, tmp_path):
+    """Wrong width/height (half the real size) drops every box beyond it; before, silently."""
+    def damage(coco):
+        for img in coco['images']:
+            img['width'] = img['height'] = 48
+        coco['annotations'][0]['category_id'] = 99
+        coco['annotations'][1]['bbox'][2] = 0.5
+
+    edit_json(data / 'annotations' / 'instances_train.json', damage)
+    cfg, runner = runner_for(data, tmp_path)
+    runner.build_dataloader(cfg.train_dataloader)
+    log = open(runner.logger.handlers[-1].baseFilename).read()
+    [line] = [line for line in log.splitlines() if 'instances_train.json: 8 images' in line]
+    total = int(re.search(r'(\d+) annotations;', line).group(1))
+    counts = {reason: int(n) for n, reason in re.findall(r'(\d+) (outside the image|zero-size|category_id not in '
+                                                         r'the classes)', line)}
+    assert counts['zero-size'] == 1 and counts['category_id not in the classes'] >= 1, line
+    assert 0 < counts['outside the image'] < total, line
+    assert 'WARNING' in line and 'tools/check_dataset.py' in line
+
+
+def test_clean_data_logs_none_skipped(shapes, tmp_path):
+    cfg, runner = runner_for(shapes, tmp_path)
+    runner.build_dataloader(cfg.val_dataloader)
+    log = open(runner.logger.handlers[-1].baseFilename).read()
+    assert re.search(r'INFO - aa_det: \S+instances_val.json: 4 images, \d+ annotations; skipped annotations: none',
+                     log), log[-2000:]
+
+
+def test_skip_reason_agrees_with_mmdet(shapes):
+    """Every annotation mmdet's parse_data_info keeps has no skip reason, every one it drops has one."""
+    from mmdet.datasets import CocoDataset
+    coco = json.loads((shapes / 'annotations' / 'instances_train.json').read_text())
+    img = coco['images'][0]
+    base = dict(coco['annotations'][0], image_id=img['id'])
+    cases = [dict(base), dict(base, bbox=[-50, 0, 10, 10]), dict(base, bbox=[0, 0, 0.5, 10]),
+             dict(base, area=0), dict(base, category_id=99), dict(base, ignore=True),
+             dict(base, bbox=[img['width'] + 1, 0, 10, 10])]
+    dataset = CocoDataset(ann_file=str(shapes / 'annotations' / 'instances_train.json'), data_root='',
+                          metainfo=dict(classes=('circle', 'square', 'triangle')), data_prefix=dict(img=''),
+                          lazy_init=True)
+    dataset.cat_ids, dataset.cat2label = [1, 2, 3], {1: 0, 2: 1, 3: 2}
+    for ann in cases:
+        kept = dataset.parse_data_info({'raw_img_info': dict(img, img_id=img['id']), 'raw_ann_info': [ann]})
+        assert bool(kept['instances']) == (skip_reason(ann, img['width'], img['height'], [1, 2, 3]) == ''), ann
+
+
+def test_missing_files_lists_each_folder_once(tmp_path):
+    for name in ('a.png', 'b.png'):
+        (tmp_path / name).write_bytes(b'')
+    (tmp_path / 'dir.png').mkdir()
+    os.symlink(tmp_path / 'a.png', tmp_path / 'link.png')
+    os.symlink(tmp_path / 'gone.png', tmp_path / 'dangling.png')
+    paths = [str(tmp_path / n) for n in ('a.png', 'b.png', 'c.png', 'dir.png', 'link.png', 'dangling.png')]
+    assert missing_files(paths + [str(tmp_path / 'nowhere' / 'x.png')]) == [
+        paths[2], paths[3], paths[5], str(tmp_path / 'nowhere' / 'x.png')]
+
+
+def test_check_dataset_finds_what_drops_boxes(data):
+    """The opt-in full check: wrong width/height, a truncated PNG, an image that is not one, an
+    unknown category_id, a zero-size box; exit 2 with one aa_det line after the report."""
+    train = data / 'annotations' / 'instances_train.json'
+
+    def damage(coco):
+        coco['images'][0]['width'] = 48
+        coco['annotations'][0]['category_id'] = 99
+        coco['annotations'][1]['bbox'][3] = 0
+
+    edit_json(train, damage)
+    png = data / 'train' / '000003.png'
+    png.write_bytes(png.read_bytes()[:200])
+    (data / 'val' / '000001.png').write_bytes(b'not a png')
+    out = run_tool('check_dataset.py', DEMO, '--workers', 1, options=demo_options(data))
+    assert out.returncode == 2, out.stdout + out.stderr[-2000:]
+    report = out.stdout
+    assert re.search(r'error: 1 images whose size differs .*000000.png is 96x96, the JSON says 48x96', report)
+    assert re.search(r'error: 1 images that do not decode: 000003.png \(OSError: .*truncated', report), report
+    assert re.search(r'error: 1 annotations with an unknown category_id: annotation id \d+: category_id 99', report)
+    assert re.search(r'warning: 1 annotations mmdet skips: zero-size', report), report
+    assert re.search(r'instances_val.json.*\n  error: 1 images that do not decode: 000001.png', report), report
+    assert out.stderr.endswith('instances_val.json\n') and out.stderr.count('aa_det:') == 1, out.stderr
+
+
+def test_check_dataset_passes_clean_data(shapes):
+    out = run_tool('check_dataset.py', DEMO, '--workers', 1, options=demo_options(shapes))
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert out.stdout.count('  ok') == 2, out.stdout  # train, and val (= test)

@@ -24,8 +24,12 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .kernel_policy import axial_chunk_elems, compute_dtype, kernel_device
 from .offset_range import TrainedOffsetRange
-from .relative_attention import chunks, init_relative_table, relative_index
+from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
+
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'row_attention',
+           'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 
@@ -41,65 +45,47 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     Returns:
         Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``v``'s dtype.
     """
-    dtype = compute_dtype(v.dtype, v.device.type)
+    dtype = compute_dtype(v.dtype, kernel_device(v.device.type))
     with torch.autocast(v.device.type, enabled=False):
-        k = k.flatten(-2).to(torch.promote_types(dtype, torch.float32)).softmax(dim=-1)  # [B, Nh, dkh, HW]
-        context = torch.einsum('bnkp,bnvp->bnkv', k.to(dtype), v.flatten(-2).to(dtype))  # [B, Nh, dkh, dvh]
+        k = k.flatten(-2)  # [B, Nh, dkh, HW]
+        # in float32 (float64) inside the kernel; fp16 inputs are not rounded to bf16 before it
+        k = k.softmax(-1) if k.dtype == dtype else k.softmax(-1, dtype=torch.float32).to(dtype)
+        context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype))  # [B, Nh, dkh, dvh]
         return torch.einsum('bnkxy,bnkv->bnvxy', q.to(dtype), context)
 
 
-def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
-    """The dtype GSA's attention products compute in, for inputs of ``dtype`` (autocast's
-    under AMP).
-
-    Neither branch normalises its output: content attention returns ``q . context``, and
-    positional attention sums ``L`` terms ``(q . R) v`` over a whole column or row, so both
-    grow with ``|q| |v|`` and leave float16's range (65504) while the inputs are small (no
-    softmax bounds them, as it bounds the AA kernels' outputs by ``max |v|``). Float16 inputs
-    therefore compute in bfloat16 (float32's range, the same tensor-core speed) where the
-    device has it, else in float32; other dtypes compute as they are.
-    """
-    if dtype != torch.float16:
-        return dtype
-    if device_type == 'cpu' or (device_type == 'cuda' and torch.cuda.is_bf16_supported()):
-        return torch.bfloat16
-    return torch.float32
+def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
+    """One chunk of :class:`_AxialRelativeAttention`: ``[L, g, dk]``, ``[g, L, dv]``,
+    ``[L, dk, L]`` -> ``[g, L, dv]``."""
+    logits = torch.bmm(q, emb)  # [L (x), g, L (i)]: q[g, x] . R[i - x], one GEMM per x
+    return torch.bmm(logits.transpose(0, 1), v)  # [g, L, dv]
 
 
-#: Logits ``[chunk, L, 2L - 1]`` computed at once by :func:`column_attention`: cache-sized on the
-#: CPU (4 MiB in fp32; 3x faster than the materialised einsum at 160x160, 1.7x at 80x80), larger
-#: on CUDA where each chunk costs kernel launches.
-AXIAL_CHUNK_ELEMS = {'cpu': 1 << 20, 'cuda': 1 << 24}
-
-
-def _skew(rel: Tensor, length: int) -> Tensor:
-    """Relative -> absolute positions, a view: ``out[g, x, i] = rel[g, x, i - x + length - 1]``.
-
-    ``rel`` is ``[G, L, 2L - 1]`` contiguous; the view ``[G, L, L]`` steps ``2L - 2`` per row
-    (the skewing of Huang et al., 2018), and no two of its elements share memory.
-    """
-    s = rel.stride()
-    return rel.as_strided((rel.shape[0], length, length), (s[0], 2 * length - 2, 1),
-                          rel.storage_offset() + length - 1)
+def _axial_chunks(q: Tensor, v: Tensor, emb: Tensor, chunk: int) -> Tensor:
+    """:func:`_axial_chunk` over chunks of ``chunk`` sequences: ``[G, L, dv]``."""
+    if chunk >= v.shape[0]:
+        return _axial_chunk(q, v, emb)
+    return torch.cat([_axial_chunk(q[:, s:s + chunk], v[s:s + chunk], emb) for s in range(0, v.shape[0], chunk)])
 
 
 class _AxialRelativeAttention(torch.autograd.Function):
-    """``out[g, x] = sum_i (q[g, x] . emb[i - x + L - 1]) v[g, i]`` over chunks of ``g``.
+    """``out[g, x] = sum_i (q[x, g] . emb[x, :, i]) v[g, i]`` in chunks of at most ``chunk``
+    sequences ``g`` (one chunk when ``chunk`` covers them all).
 
-    The forward keeps no logits; the backward recomputes them one chunk at a time, so the
-    ``[G, L, L]`` logits never exist at once and each chunk stays in cache.
+    Two batched GEMMs per chunk: the logits ``[L, g, L]`` batched over the query position
+    ``x`` (each reads its own row of absolute embeddings, so exactly the ``L`` offsets
+    used), then their product with the values, batched over ``g``. The forward keeps no
+    logits; the backward recomputes them chunk by chunk, so the ``[G, L, L]`` logits never
+    live across the forward and backward. ``emb`` comes in float32 (or float64) and its
+    gradient leaves in it: summed over all sequences and, by the unfold that made ``emb``,
+    over the pairs of each offset, it is never rounded to ``q``'s low precision in between.
     """
 
     @staticmethod
     def forward(ctx, q, v, emb, chunk):
-        G, L, _ = q.shape
-        out = v.new_empty(G, L, v.shape[-1])  # [G, L, dv]
-        for sl in chunks(G, chunk):
-            rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
-            torch.bmm(_skew(rel, L), v[sl], out=out[sl])
         ctx.save_for_backward(q, v, emb)
         ctx.chunk = chunk
-        return out
+        return _axial_chunks(q, v, emb.to(q.dtype), chunk)  # [G, L, dv]
 
     @staticmethod
     @once_differentiable
@@ -109,19 +95,20 @@ class _AxialRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out):
-        q, v, emb = ctx.saved_tensors
-        G, L, _ = q.shape
-        dq, dv = torch.empty_like(q), torch.empty_like(v)
-        acc = torch.promote_types(emb.dtype, torch.float32)  # summed over chunks: >= float32 under AMP
-        demb = torch.zeros_like(emb, dtype=acc)
-        for sl in chunks(G, ctx.chunk):
-            rel = q[sl] @ emb.t()  # [g, L, 2L - 1]
-            torch.bmm(_skew(rel, L).transpose(1, 2), grad_out[sl], out=dv[sl])
-            drel = torch.zeros_like(rel)
-            _skew(drel, L).copy_(grad_out[sl] @ v[sl].transpose(1, 2))  # d logits [g, L, L]
-            torch.matmul(drel, emb, out=dq[sl])
-            demb += (drel.flatten(0, 1).t() @ q[sl].flatten(0, 1)).to(acc)
-        return dq, dv, demb.to(emb.dtype), None
+        q, v, emb32 = ctx.saved_tensors
+        G, chunk, emb = v.shape[0], ctx.chunk, emb32.to(q.dtype)
+        dqs, dvs, demb = [], [], None
+        for s in range(0, G, chunk):
+            qs, vs, gs = q[:, s:s + chunk], v[s:s + chunk], grad_out[s:s + chunk]
+            logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
+            dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
+            dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
+            dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
+            demb_chunk = torch.bmm(qs.transpose(1, 2), dlogits)  # [L (x), dk, L (i)]
+            demb = demb_chunk.to(emb32.dtype) if demb is None else demb.add_(demb_chunk)
+        if len(dqs) == 1:
+            return dqs[0], dvs[0], demb, None
+        return torch.cat(dqs, 1), torch.cat(dvs), demb, None
 
 
 def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
@@ -132,28 +119,30 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
         table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
-        chunk_elems (int, optional): logits per chunk. Defaults to
-            ``AXIAL_CHUNK_ELEMS`` of the device.
+        chunk_elems (int, optional): logits ``[sequences, H, H]`` per chunk. Defaults to the
+            device policy's (:func:`axial_chunk_elems`: one chunk on CUDA while memory allows,
+            cache-sized on the CPU, one while a graph is captured).
 
     Returns:
         Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``q``'s dtype.
     """
     B, Nh, dk, H, W = q.shape
-    M = (table.shape[0] + 1) // 2
-    offsets = torch.arange(-(H - 1), H, device=q.device).clamp(-(M - 1), M - 1) + M - 1
-    emb = table[offsets]  # [2H - 1, dkh]: R[-(H - 1)] .. R[H - 1], clipped
-    # contiguous: reshape may return a strided view (B == 1 with Nh == 1 or W == 1), and the
-    # kernel writes gradients into slices of tensors shaped like these
-    qc = q.permute(0, 1, 4, 3, 2).reshape(-1, H, dk).contiguous()  # [B * Nh * W, H, dkh]
-    vc = v.permute(0, 1, 4, 3, 2).reshape(-1, H, v.shape[2]).contiguous()  # [B * Nh * W, H, dvh]
+    device = kernel_device(q.device.type)
+    dtype = compute_dtype(q.dtype, device)
     if chunk_elems is None:
-        chunk_elems = AXIAL_CHUNK_ELEMS.get(q.device.type, AXIAL_CHUNK_ELEMS['cuda'])
-    chunk = max(1, chunk_elems // (H * (2 * H - 1)))
-    dtype = compute_dtype(qc.dtype, q.device.type)
+        chunk_elems = axial_chunk_elems(device)
+    G = B * Nh * W
+    chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
-        out = _AxialRelativeAttention.apply(qc.to(dtype), vc.to(dtype), emb.to(dtype), chunk)  # [B * Nh * W, H, dvh]
+        qc = packed(q.permute(3, 0, 1, 4, 2), dtype).view(H, G, dk)  # [H, G, dkh]
+        vc = packed(v.permute(0, 1, 4, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
+        table = table.to(torch.promote_types(dtype, torch.float32))
+        emb = relative_embeddings(table, H).transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
+        if torch.is_grad_enabled() and not torch.jit.is_tracing():
+            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk)  # [G, H, dvh]
+        else:  # inference, trace and export: plain ops, no autograd.Function in the graph
+            out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
     return out.view(B, Nh, W, H, -1).permute(0, 1, 4, 3, 2)
-
 
 
 def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:

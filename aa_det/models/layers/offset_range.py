@@ -18,8 +18,10 @@ Example:
     torch.Size([127, 8])
     >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map
     torch.Size([19, 8])
-    >>> rng.crop(table, 0, learning=False).shape  # at test time: offsets clip at 9
+    >>> rng.crop(table, 0, learning=False, length=30).shape  # at test time: offsets clip at 9
     torch.Size([19, 8])
+    >>> rng.crop(table, 0, learning=False, length=4).shape  # a 4-long map reads offsets up to 3
+    torch.Size([7, 8])
 """
 from typing import Optional
 
@@ -54,7 +56,8 @@ class TrainedOffsetRange(BaseModule):
         self.trained = [-1] * len(self.trained)
 
     def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
-        """The rows of ``table`` that the recorded range allows.
+        """The rows of ``table`` that the recorded range allows, and that a map of ``length``
+        reads.
 
         Args:
             table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``.
@@ -62,16 +65,21 @@ class TrainedOffsetRange(BaseModule):
             learning (bool): the table learns in this pass (training mode, grad enabled,
                 ``requires_grad``): ``length`` widens the record first.
             length (int, optional): the map's length along ``axis``; needed when learning.
+                Offsets beyond ``length - 1`` do not occur in the map, so their rows are cut
+                too (one slice: a map never reads a row it does not need).
 
         Returns:
-            Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1)``, a view of the middle rows
-            (offsets ``-(m - 1) .. m - 1``); the whole table when nothing is recorded.
+            Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
+            rows (offsets ``-(m - 1) .. m - 1``); without a record ``m = min(M, length)``.
         """
         if learning:
             self.trained[axis] = max(self.trained[axis], length - 1)
-        if self.trained[axis] < 0:
-            return table
-        m, M = min(self.max_rel_dist, self.trained[axis] + 1), self.max_rel_dist
+        m = self.max_rel_dist
+        if self.trained[axis] >= 0:
+            m = min(m, self.trained[axis] + 1)
+        if length is not None:
+            m = min(m, length)
+        M = self.max_rel_dist
         return table[M - m:M + m - 1]
 
     def get_extra_state(self) -> Tensor:

@@ -31,11 +31,12 @@ Four exact implementations of one function; `relative_attention` picks one:
   onehot(w_j)]``), which fused CUDA kernels accept; default on CUDA for large
   maps, and at every size under fp16 / bf16 autocast (:func:`choose_impl`).
 
-Precision (:func:`kernel_dtype`): every kernel computes in float32 (float64
-inputs stay float64), except the fused one on CUDA under autocast, which takes
-the autocast dtype: its logits, softmax and accumulation stay float32 inside the
-kernel (as PyTorch's own SDPA under AMP), so low-precision inputs bring tensor
-cores without the fp16 overflow of materialised fp16 logits.
+Kernel, precision and block sizes come from the device policy
+(:mod:`.kernel_policy`: :func:`choose_impl`, :func:`kernel_dtype`): every kernel computes
+in float32 (float64 inputs stay float64), except the fused one on CUDA under autocast,
+which takes the autocast dtype: its logits, softmax and accumulation stay float32 inside
+the kernel (as PyTorch's own SDPA under AMP), so low-precision inputs bring tensor cores
+without the fp16 overflow of materialised fp16 logits.
 """
 import math
 from typing import Optional, Tuple
@@ -46,14 +47,16 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype
+from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, kernel_device, kernel_dtype
 
-#: Default bound on ``B * Nh * queries * keys`` logits held at once (16 MiB in fp32). Small
-#: blocks are also the fast choice on the CPU (cache-sized, and below glibc's mmap threshold,
-#: so reused instead of page-faulted in afresh): 1.3-2x faster than 64 MiB blocks. A smaller
-#: bound would make small maps (20x20, batch 2) pay the blocked backward's recomputation.
-DEFAULT_BLOCK_ELEMS = 1 << 22
-#: On CUDA, logits up to this many are materialised at once (64 MiB in fp32), see choose_impl.
-CUDA_MATERIALIZE_ELEMS = 1 << 24
+__all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_index', 'relative_embeddings', 'attention_reference',
+           'attention_materialized', 'attention_blocked', 'attention_sdpa_folded', 'choose_impl',
+           'kernel_dtype', 'init_relative_table']
+
+#: Default bound on ``B * Nh * queries * keys`` logits the 'blocked' kernel holds at once (the
+#: CPU policy's, 16 MiB in fp32). A smaller bound would make small maps (20x20, batch 2) pay
+#: the blocked backward's recomputation.
+DEFAULT_BLOCK_ELEMS = CPU_BLOCK_ELEMS
 
 
 def relative_index(length: int, max_dist: int, device=None) -> Tensor:
@@ -65,6 +68,65 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
     pos = torch.arange(length, device=device)
     offset = (pos[None, :] - pos[:, None]).clamp(-(max_dist - 1), max_dist - 1)
     return offset + max_dist - 1
+
+
+def relative_embeddings(table: Tensor, length: int) -> Tensor:
+    """The table read at every (query, key) pair of an axis: ``emb[a, b] = table[idx[a, b]]``
+    with :func:`relative_index`'s clipped offsets, as views of the table plus one copy.
+
+    The rows for offsets ``-(L - 1) .. L - 1`` (the end rows repeated where ``L`` exceeds the
+    table) hold the query at position ``a`` in the window ``[L - 1 - a, 2L - 1 - a)``:
+    ``unfold`` makes those windows (a view), ``flip`` orders them by query (the one copy).
+    Same values as ``table[relative_index(length, M)]`` with two ops instead of six (an
+    index built from ``arange`` and a gather, in the forward; a scatter in the backward).
+
+    Args:
+        table (Tensor): ``[2M - 1, d]``.
+        length (int): ``L``.
+
+    Returns:
+        Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
+    """
+    M = (table.shape[0] + 1) // 2
+    if length == M:  # the tables the layers pass (TrainedOffsetRange.crop): no further view
+        rows = table  # [2L - 1, d]: offsets -(L - 1) .. L - 1
+    elif length < M:
+        rows = table[M - length:M + length - 1]
+    else:  # offsets beyond M - 1 clip to the end rows
+        pad = length - M
+        rows = torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
+    return rows.unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
+
+
+def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` contiguous in ``dtype``, in one copy (the cast and the layout change together)."""
+    return t.contiguous() if t.dtype == dtype else t.to(dtype, memory_format=torch.contiguous_format)
+
+
+def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-query relative logits along height and width (eq. (3), S^H and S^W), by query pixel.
+
+    One batched GEMM per axis, batched over the query's row (column), each reading its own
+    :func:`relative_embeddings`, so exactly the ``H`` (``W``) offsets used; computed in the
+    tables' dtype (float32 under AMP) from ``q`` packed into it in one copy.
+
+    Args:
+        q (Tensor): ``[B, Nh, H, W, d]`` scaled queries.
+        table_h (Tensor): ``[2 * Mh - 1, d]`` height embeddings.
+        table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, H, W, H]`` with ``rel_h[.., h_i, w_i, h] =
+        q_i . r^H[h - h_i]`` and ``rel_w`` ``[B, Nh, H, W, W]``, permuted views of the GEMMs'
+        outputs.
+    """
+    B, Nh, H, W, d = q.shape
+    qh = packed(q.permute(2, 0, 1, 3, 4), table_h.dtype).view(H, -1, d)  # [H, B * Nh * W, d]
+    rel_h = torch.bmm(qh, relative_embeddings(table_h, H).transpose(1, 2))  # [H (h_i), B * Nh * W, H]
+    qw = packed(q.permute(3, 0, 1, 2, 4), table_w.dtype).view(W, -1, d)  # [W, B * Nh * H, d]
+    rel_w = torch.bmm(qw, relative_embeddings(table_w, W).transpose(1, 2))  # [W (w_i), B * Nh * H, W]
+    return (rel_h.view(H, B, Nh, W, H).permute(1, 2, 0, 3, 4),
+            rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4))
 
 
 def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -79,12 +141,9 @@ def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
         tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, HW, H]`` with
         ``rel_h[.., i, h] = q_i . r^H[h - h_i]`` and ``rel_w`` ``[B, Nh, HW, W]``.
     """
-    B, Nh, H, W, d = q.shape
-    emb_h = table_h[relative_index(H, (table_h.shape[0] + 1) // 2, q.device)]  # [H, H, d]
-    emb_w = table_w[relative_index(W, (table_w.shape[0] + 1) // 2, q.device)]  # [W, W, d]
-    rel_h = torch.einsum('bnhwd,hkd->bnhwk', q, emb_h).reshape(B, Nh, H * W, H)
-    rel_w = torch.einsum('bnhwd,wkd->bnhwk', q, emb_w).reshape(B, Nh, H * W, W)
-    return rel_h, rel_w
+    B, Nh, H, W, _ = q.shape
+    rel_h, rel_w = relative_logits_5d(q, table_h, table_w)
+    return rel_h.reshape(B, Nh, H * W, H), rel_w.reshape(B, Nh, H * W, W)
 
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
@@ -171,12 +230,13 @@ class _BlockedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel_h, rel_w, H, W, rows):
-        B, Nh, N, _ = q.shape
-        out = v.new_empty(B, Nh, N, v.shape[-1])  # [B, Nh, HW, dv]
-        lse = q.new_empty(B, Nh, N)
-        for sl in chunks(N, rows):
-            p, lse[:, :, sl] = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W)
-            out[:, :, sl] = p @ v
+        outs, lses = [], []
+        for start in range(0, q.shape[2], rows):
+            sl = slice(start, start + rows)
+            p, lse = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W)  # [B, Nh, n, HW]
+            outs.append(p @ v)
+            lses.append(lse)
+        out, lse = torch.cat(outs, 2), torch.cat(lses, 2)  # [B, Nh, HW, dv], [B, Nh, HW]
         ctx.save_for_backward(q, k, v, rel_h, rel_w, out, lse)
         ctx.H, ctx.W, ctx.rows = H, W, rows
         return out
@@ -193,24 +253,24 @@ class _BlockedAttention(torch.autograd.Function):
         H, W, rows = ctx.H, ctx.W, ctx.rows
         B, Nh, N, _ = q.shape
         delta = (grad_out * out).sum(-1)  # [B, Nh, HW]: rowsum(dO * O) = rowsum(P * dP)
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        d_rel_h = None if rel_h is None else torch.empty_like(rel_h)  # [B, Nh, HW, H]
-        d_rel_w = None if rel_w is None else torch.empty_like(rel_w)  # [B, Nh, HW, W]
-        for sl in chunks(N, rows):
+        dk = dv = None
+        dqs, d_rel_hs, d_rel_ws = [], [], []
+        for start in range(0, N, rows):
+            sl = slice(start, start + rows)
             p, _ = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W, lse[:, :, sl])
-            dv += p.transpose(-1, -2) @ grad_out[:, :, sl]
+            dv_block = p.transpose(-1, -2) @ grad_out[:, :, sl]  # [B, Nh, HW, dv]
+            dv = dv_block if dv is None else dv.add_(dv_block)
             ds = (grad_out[:, :, sl] @ v.transpose(-1, -2)).sub_(delta[:, :, sl, None]).mul_(p)  # [B, Nh, n, HW]
-            dq[:, :, sl] = ds @ k
-            dk += ds.transpose(-1, -2) @ q[:, :, sl]
+            dqs.append(ds @ k)
+            dk_block = ds.transpose(-1, -2) @ q[:, :, sl]  # [B, Nh, HW, d]
+            dk = dk_block if dk is None else dk.add_(dk_block)
             if rel_h is not None:
                 ds = ds.view(B, Nh, -1, H, W)
-                d_rel_h[:, :, sl], d_rel_w[:, :, sl] = ds.sum(-1), ds.sum(-2)
-        return dq, dk, dv, d_rel_h, d_rel_w, None, None, None
-
-
-def chunks(length: int, size: int):
-    """Slices ``[0, size), [size, 2 size), ...`` covering ``range(length)``."""
-    return (slice(start, start + size) for start in range(0, length, size))
+                d_rel_hs.append(ds.sum(-1))  # [B, Nh, n, H]
+                d_rel_ws.append(ds.sum(-2))  # [B, Nh, n, W]
+        d_rel_h = torch.cat(d_rel_hs, 2) if rel_h is not None else None
+        d_rel_w = torch.cat(d_rel_ws, 2) if rel_w is not None else None
+        return torch.cat(dqs, 2), dk, dv, d_rel_h, d_rel_w, None, None, None
 
 
 def _rows(t: Optional[Tensor], sl: slice) -> Optional[Tensor]:
@@ -242,10 +302,15 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
 
     ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]``
     exactly, at the cost of ``H + W`` extra head dimensions; the fused kernels
-    never store the logits.
+    never store the logits. Each widened operand is one concatenation (zero columns pad
+    every head dim to a multiple of 8, which the fused kernels need; the one-hot columns
+    are two identity matrices broadcast over the pixels), so the op count does not depend
+    on the map size.
 
     Args:
-        q, k, v, rel_h, rel_w, H, W: as :func:`attention_materialized`.
+        q, k, v, H, W: as :func:`attention_materialized`.
+        rel_h, rel_w (Tensor | None): from :func:`relative_logits_2d` (``[B, Nh, HW, H]``)
+            or :func:`relative_logits_5d` (``[B, Nh, H, W, H]``), any layout.
         dtype (torch.dtype, optional): the dtype the fused kernel runs in; defaults to
             ``q``'s. With float16, ``rel_h`` and ``rel_w`` (computed in float32) are folded
             as ``rel / s`` against one-hot columns of ``s``, a power of two chosen on the
@@ -256,22 +321,27 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
         Tensor: ``[B, Nh, HW, dv]`` in ``dtype``.
     """
     dtype = q.dtype if dtype is None else dtype
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    if rel_h is not None:
-        N = H * W
-        scale = _fp16_fold_scale(rel_h, rel_w) if dtype == torch.float16 else None
-        one_h = F.one_hot(torch.arange(N, device=q.device) // W, H).to(dtype)  # [HW, H]
-        one_w = F.one_hot(torch.arange(N, device=q.device) % W, W).to(dtype)  # [HW, W]
-        if scale is not None:
-            rel_h, rel_w = rel_h / scale, rel_w / scale
-            one_h, one_w = one_h * scale.to(dtype), one_w * scale.to(dtype)
-        q = torch.cat([q, rel_h.to(dtype), rel_w.to(dtype)], dim=-1)  # [B, Nh, HW, d + H + W]
-        k = torch.cat([k, one_h.expand(*k.shape[:2], N, H), one_w.expand(*k.shape[:2], N, W)], dim=-1)
+    B, Nh, N, d = q.shape
+    dv = v.shape[-1]
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
-    q, k = _pad_last(q, 8), _pad_last(k, 8)  # zeros add nothing to q . k
-    dv = v.shape[-1]
-    out = F.scaled_dot_product_attention(q, k, _pad_last(v, 8), scale=1.0)
+    v = _pad_last(v.to(dtype), 8)  # zeros add nothing to the output's first dv columns
+    if rel_h is None:
+        q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
+    else:
+        pad = -(d + H + W) % 8
+        rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
+        one_h = torch.eye(H, dtype=dtype, device=q.device)[:, None, :]  # [H, 1, H]: onehot(h_j)
+        one_w = torch.eye(W, W + pad, dtype=dtype, device=q.device)  # [W, W + pad]: onehot(w_j), zeros
+        if dtype == torch.float16:
+            scale = _fp16_fold_scale(rel_h, rel_w)
+            rel_h, rel_w = rel_h / scale, rel_w / scale
+            one_h, one_w = one_h * scale.to(dtype), one_w * scale.to(dtype)
+        q = torch.cat([q.view(B, Nh, H, W, d), rel_h, rel_w, q.new_zeros(()).expand(B, Nh, H, W, pad)],
+                      dim=-1).to(dtype).view(B, Nh, N, -1)  # [B, Nh, HW, d + H + W + pad]
+        k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), one_h.expand(B, Nh, H, W, H),
+                       one_w.expand(B, Nh, H, W, W + pad)], dim=-1).view(B, Nh, N, -1)
+    out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
     return out[..., :dv]
 
 
@@ -287,53 +357,16 @@ def _pad_last(t: Tensor, multiple: int) -> Tensor:
     return F.pad(t, (0, pad)) if pad else t
 
 
-def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
-    """The fastest exact kernel for ``num_logits = B * Nh * (HW)^2`` on a device.
-
-    * CPU: 'blocked', for all sizes and dtypes: no fused kernel has a backward there,
-      and its 16 MiB blocks beat the materialised form where both fit (README,
-      ``benchmarks/attention_memory.py``).
-    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size. The
-      fused kernel runs on the low-precision inputs with float32 logits inside;
-      the materialised form would need float32 logits, off the tensor cores (an
-      H100 one-layer measurement in issue 11: fused fp32 8.8 ms, bf16 1.75 ms).
-    * CUDA in float32: 'materialized' while the logits are at most
-      ``CUDA_MATERIALIZE_ELEMS`` (64 MiB: small maps such as stage 4 and
-      ImageNet's 14x14), where plain matmuls beat the folded kernel's ``H + W``
-      extra head dims (H100, RetinaNet AA-R50 at 640x640: 0.085 s per step
-      materialised vs 0.114 s folded); above that 'sdpa', whose fused kernel never
-      stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
-    """
-    if device_type == 'cuda':
-        if amp_dtype in (torch.float16, torch.bfloat16):
-            return 'sdpa'
-        return 'materialized' if num_logits <= CUDA_MATERIALIZE_ELEMS else 'sdpa'
-    return 'blocked'
-
-
-def kernel_dtype(device_type: str, impl: str, input_dtype: torch.dtype,
-                 amp_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-    """The dtype a kernel computes in.
-
-    float32 (float64 stays float64, for the tests), so that materialised and blocked
-    logits and softmax never overflow fp16; the exception is the fused CUDA kernel under
-    fp16 / bf16 autocast, which computes its logits in float32 internally and takes the
-    autocast dtype (:func:`attention_sdpa_folded` guards the folded relative logits).
-    """
-    if device_type == 'cuda' and impl == 'sdpa' and amp_dtype in (torch.float16, torch.bfloat16):
-        return amp_dtype
-    return torch.promote_types(input_dtype, torch.float32)
-
-
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
                        table_w: Optional[Tensor], H: int, W: int,
                        impl: str = 'auto',
                        block_elems: int = DEFAULT_BLOCK_ELEMS) -> Tensor:
     """Multi-head 2D relative self-attention, eq. (3).
 
-    Kernel and precision are chosen per device and autocast dtype
-    (:func:`choose_impl`, :func:`kernel_dtype`): float32 everywhere, except the fused
-    CUDA kernel under autocast, which runs on the autocast dtype with float32 logits.
+    Kernel and precision are chosen by the device policy and the autocast dtype
+    (:mod:`.kernel_policy`: :func:`choose_impl`, :func:`kernel_dtype`): float32 everywhere,
+    except the fused CUDA kernel under autocast, which runs on the autocast dtype with
+    float32 logits. ``force_policy('cuda')`` runs the CUDA choices on CPU tensors.
 
     Args:
         q (Tensor): ``[B, Nh, HW, d]`` queries, already scaled by ``d ** -0.5``.
@@ -350,22 +383,22 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         Tensor: ``[B, Nh, HW, dv]`` in the dtype of ``v``.
     """
     out_dtype = v.dtype
-    device = q.device.type
-    amp_dtype = autocast_dtype(device)
+    device = kernel_device(q.device.type)
+    amp_dtype = autocast_dtype(q.device.type)
     if impl == 'auto':
         B, Nh, N, _ = q.shape
         impl = choose_impl(device, B * Nh * N * N, amp_dtype)
     dtype = kernel_dtype(device, impl, q.dtype, amp_dtype)
     # the relative logits in float32 (float64 in tests), whatever the kernel's dtype
     rel_dtype = torch.promote_types(q.dtype, torch.float32)
-    with torch.autocast(device, enabled=False):
+    with torch.autocast(q.device.type, enabled=False):
         if impl == 'reference':
             tables = (None, None) if table_h is None else (table_h.to(dtype), table_w.to(dtype))
             return attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), *tables, H, W).to(out_dtype)
         rel_h = rel_w = None
         if table_h is not None:
-            rel_h, rel_w = relative_logits_2d(q.to(rel_dtype).view(*q.shape[:2], H, W, q.shape[-1]),
-                                              table_h.to(rel_dtype), table_w.to(rel_dtype))
+            rel = relative_logits_5d if impl == 'sdpa' else relative_logits_2d
+            rel_h, rel_w = rel(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype), table_w.to(rel_dtype))
         if impl == 'sdpa':
             out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype)
         elif impl in ('blocked', 'materialized'):

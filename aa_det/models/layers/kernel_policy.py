@@ -1,0 +1,148 @@
+"""The attention kernels' device policy: one place that picks kernels, dtypes and block sizes.
+
+Bello et al. (AA, ICCV 2019) eq. (3) and Shen et al. (GSA) eq. (1), (5)-(7) are computed by
+several exact kernels (``relative_attention.py``, ``gsa.py``); which one runs, in which dtype
+and over how many logits at once depends on the device and the autocast dtype, and is decided
+here only (the model of timm's ``layers/config.py``: one place, one switch).
+
+Production picks the policy of the tensors' device: ``'cuda'`` for CUDA tensors, ``'cpu'``
+for all others. :func:`force_policy` makes every tensor take one policy's choices, so tests
+and benchmarks run the CUDA path's kernels, dtypes and chunk sizes on CPU tensors
+(``benchmarks/op_counts.py``, ``tests/test_kernel_policy.py``).
+
+While a graph is captured (``torch.compile``, ``torch.export``, ``jit.trace``, ONNX export,
+:func:`graph_mode`) the kernels take no Python loop whose trip count depends on the input
+size, so the graph has no break and no size baked in.
+
+Example:
+    >>> import torch
+    >>> kernel_device('cpu'), choose_impl('cpu', 10 ** 6, torch.bfloat16)
+    ('cpu', 'blocked')
+    >>> with force_policy('cuda'):
+    ...     dev = kernel_device('cpu')
+    ...     print(dev, choose_impl(dev, 10 ** 6, torch.bfloat16), axial_chunk_elems(dev) == CUDA_AXIAL_ELEMS)
+    cuda sdpa True
+"""
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+
+from ...utils.compat import is_capturing_graph
+
+POLICIES = ('cpu', 'cuda')
+
+#: AA 'blocked' kernel: logits ``B * Nh * queries * keys`` held at once on the CPU (16 MiB in
+#: fp32). Small blocks are the fast choice there (cache-sized, and below glibc's mmap threshold,
+#: so reused instead of page-faulted in afresh): 1.3-2x faster than 64 MiB blocks.
+CPU_BLOCK_ELEMS = 1 << 22
+#: AA on CUDA in float32: logits up to this many are materialised at once (64 MiB), see choose_impl.
+CUDA_MATERIALIZE_ELEMS = 1 << 24
+#: GSA axial kernel: logits ``[sequences, L, L]`` computed at once. CPU: cache-sized (4 MiB in
+#: fp32), faster than one large product. CUDA: one chunk wherever it fits in 1 GiB of fp32
+#: logits (every GSA-ResNet-50 layer at 640x640 and batch 8), so the kernel launches do not
+#: grow with the batch or the image; beyond that, chunks of that size bound the memory.
+CPU_AXIAL_ELEMS = 1 << 20
+CUDA_AXIAL_ELEMS = 1 << 28
+
+_forced: Optional[str] = None
+
+
+def kernel_device(device_type: str) -> str:
+    """The policy tensors on ``device_type`` take: the forced one, else ``'cuda'`` for CUDA
+    and ``'cpu'`` for every other device."""
+    if _forced is not None:
+        return _forced
+    return 'cuda' if device_type == 'cuda' else 'cpu'
+
+
+@contextmanager
+def force_policy(name: Optional[str]):
+    """Run every attention kernel with policy ``name`` (``'cpu'``, ``'cuda'``, or None for
+    the tensors' own device), whatever device its tensors are on.
+
+    ``force_policy('cuda')`` on CPU tensors executes the CUDA path's kernel choices, dtypes and
+    chunk sizes (the fused folded SDPA under autocast, GSA's bf16 products for fp16 inputs,
+    one-chunk axial attention), which is how CI tests it without a GPU.
+    """
+    global _forced
+    if name is not None and name not in POLICIES:
+        raise ValueError(f'force_policy: policy must be one of {POLICIES} or None, got {name!r}')
+    previous, _forced = _forced, name
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def graph_mode() -> bool:
+    """True while a graph is captured (compile, export, trace): kernels without
+    size-dependent Python loops."""
+    return is_capturing_graph()
+
+
+def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
+    """The fastest exact AA kernel for ``num_logits = B * Nh * (HW)^2`` under policy ``device_type``.
+
+    * CPU: 'blocked', for all sizes and dtypes: no fused kernel has a backward there,
+      and its 16 MiB blocks beat the materialised form where both fit (README,
+      ``benchmarks/attention_memory.py``).
+    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size. The
+      fused kernel runs on the low-precision inputs with float32 logits inside;
+      the materialised form would need float32 logits, off the tensor cores (an
+      H100 one-layer measurement in issue 11: fused fp32 8.8 ms, bf16 1.75 ms).
+    * CUDA in float32: 'materialized' while the logits are at most
+      ``CUDA_MATERIALIZE_ELEMS`` (64 MiB: small maps such as stage 4 and
+      ImageNet's 14x14), where plain matmuls beat the folded kernel's ``H + W``
+      extra head dims (H100, RetinaNet AA-R50 at 640x640: 0.085 s per step
+      materialised vs 0.114 s folded); above that 'sdpa', whose fused kernel never
+      stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
+    * While a graph is captured (:func:`graph_mode`), 'sdpa' on every device: one fused op,
+      no loop over query blocks whose count depends on the map size.
+    """
+    if device_type == 'cuda':
+        if amp_dtype in (torch.float16, torch.bfloat16):
+            return 'sdpa'
+        return 'materialized' if num_logits <= CUDA_MATERIALIZE_ELEMS else 'sdpa'
+    return 'sdpa' if graph_mode() else 'blocked'
+
+
+def kernel_dtype(device_type: str, impl: str, input_dtype: torch.dtype,
+                 amp_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """The dtype an AA kernel computes in under policy ``device_type``.
+
+    float32 (float64 stays float64, for the tests), so that materialised and blocked
+    logits and softmax never overflow fp16; the exception is the fused CUDA kernel under
+    fp16 / bf16 autocast, which computes its logits in float32 internally and takes the
+    autocast dtype (``attention_sdpa_folded`` guards the folded relative logits).
+    """
+    if device_type == 'cuda' and impl == 'sdpa' and amp_dtype in (torch.float16, torch.bfloat16):
+        return amp_dtype
+    return torch.promote_types(input_dtype, torch.float32)
+
+
+def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The dtype GSA's attention products compute in under policy ``device_type``, for inputs
+    of ``dtype`` (autocast's under AMP).
+
+    Neither branch normalises its output: content attention returns ``q . context``, and
+    positional attention sums ``L`` terms ``(q . R) v`` over a whole column or row, so both
+    grow with ``|q| |v|`` and leave float16's range (65504) while the inputs are small (no
+    softmax bounds them, as it bounds the AA kernels' outputs by ``max |v|``). Float16 inputs
+    therefore compute in bfloat16 (float32's range, the same tensor-core speed) where the
+    device has it (the CPU, and CUDA GPUs from Ampere on; the forced CUDA policy on a machine
+    without a GPU assumes one), else in float32; other dtypes compute as they are.
+    """
+    if dtype != torch.float16:
+        return dtype
+    if device_type == 'cuda' and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        return torch.float32
+    return torch.bfloat16
+
+
+def axial_chunk_elems(device_type: str) -> Optional[int]:
+    """Logits ``[sequences, L, L]`` GSA's axial kernel computes at once under policy
+    ``device_type``; None (all at once) while a graph is captured."""
+    if graph_mode():
+        return None
+    return CUDA_AXIAL_ELEMS if device_type == 'cuda' else CPU_AXIAL_ELEMS

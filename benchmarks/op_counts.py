@@ -1,0 +1,143 @@
+"""Kernel launches, FLOPs, bytes and peak memory of the backbones with the CUDA kernel policy,
+measured on the CPU (issue 19): what a GPU would run, counted without one.
+
+For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (mmdet's RetinaNet backbone settings), one
+backbone forward + backward (``sum of the outputs' means``) under bf16 autocast, with
+``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the CUDA path picks,
+run on CPU tensors. Per backbone:
+
+* ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), view ops
+  excluded (``OpOverload.is_view``: ``view``, ``transpose``, ``expand``, ``slice``, ``detach``,
+  ...: no kernel on a GPU). Every other op is one or more kernel launches on CUDA; at these
+  sizes on an H100 each costs ~10-20 us beyond its arithmetic.
+* ``GFLOP``: ``torch.utils.flop_counter.FlopCounterMode`` (GEMMs, convolutions, SDPA).
+* ``non-GEMM GiB``: bytes read + written by the ops that are not GEMMs, convolutions or
+  attention (casts, copies, pads, concatenations, norms, elementwise): memory traffic.
+* ``peak GiB``: the largest sum of live tensor bytes produced by dispatched ops
+  (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
+
+    .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
+    .venv/bin/python benchmarks/op_counts.py --size 320 --batch 2 --top 15 --models GSA-ResNet-50
+"""
+import argparse
+import collections
+import os.path as osp
+import sys
+import weakref
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+BACKBONES = {
+    'ResNet-50': dict(type='ResNet', depth=50),
+    'AA-ResNet-50': dict(type='AAResNet', depth=50),
+    'GSA-ResNet-50': dict(type='GSAResNet', depth=50),
+}
+#: ops whose cost is arithmetic, not memory traffic
+GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backward', 'mkldnn_convolution',
+            '_scaled_dot_product', 'matmul', 'linear')
+
+
+def _tensors(tree):
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts non-view aten ops, the bytes of the non-GEMM ones and peak live bytes.
+
+    Live bytes: every storage an op returns is counted from its creation until it is freed
+    (a weak reference on the storage's Python object, which lives as long as the storage).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+        self.bytes = collections.Counter()
+        self.live = self.peak = 0
+        self._seen = {}
+
+    def _track(self, t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key == 0 or key in self._seen:
+            return
+        size = storage.nbytes()
+        self._seen[key] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+
+        def free(key=key, size=size):
+            if self._seen.pop(key, None) is not None:
+                self.live -= size
+
+        weakref.finalize(storage, free)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or func.__name__ in ('detach.default', '_unsafe_view.default'):
+            return out
+        name = func.__name__.split('.')[0]
+        self.ops[name] += 1
+        if not name.startswith(GEMM_OPS):
+            self.bytes[name] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs, out)))
+        for t in _tensors(out):
+            self._track(t)
+        return out
+
+
+def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
+    """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table."""
+    from mmdet.registry import MODELS
+
+    import aa_det  # noqa: F401  (registers the backbones)
+    from aa_det.models.layers.kernel_policy import force_policy
+    torch.manual_seed(0)
+    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3)))
+    model.train()
+    x = torch.randn(batch, 3, size, size)
+    counter, flops = OpCounter(), FlopCounterMode(display=False)
+    with force_policy(policy), flops, counter:
+        with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+            feats = model(x)
+        sum(f.float().mean() for f in feats).backward()
+    return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),
+                bytes=sum(counter.bytes.values()), peak=counter.peak, table=counter.ops,
+                bytes_table=counter.bytes)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--size', type=int, default=640)
+    parser.add_argument('--batch', type=int, nargs='+', default=[2, 8])
+    parser.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
+    parser.add_argument('--policy', default='cuda', choices=['cuda', 'cpu'])
+    parser.add_argument('--fp32', action='store_true', help='no autocast (default: bf16 autocast)')
+    parser.add_argument('--top', type=int, default=0, help='also print the N most frequent ops per model')
+    args = parser.parse_args()
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    print(f'policy={args.policy} on the CPU, {"fp32" if args.fp32 else "bf16 autocast"}, backbone forward+backward '
+          f'at {args.size}x{args.size}; ops = non-view aten ops dispatched')
+    print(f'{"backbone":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
+          f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
+    for batch in args.batch:
+        base = None
+        for name in args.models:
+            r = measure(name, args.size, batch, args.policy, dtype)
+            base = r if name == 'ResNet-50' else base
+
+            def ratio(key, r=r, base=base):
+                return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
+            print(f'{name:<14} {batch:>5} | {r["ops"]:6d} {ratio("ops")} | {r["flops"] / 1e9:8.1f} {ratio("flops")} | '
+                  f'{r["bytes"] / 2 ** 30:12.2f} {ratio("bytes")} | {r["peak"] / 2 ** 30:8.2f} {ratio("peak")}',
+                  flush=True)
+            if args.top:
+                print('    ' + ', '.join(f'{op} {n} ({r["bytes_table"][op] / 2 ** 30:.2f} GiB)'
+                                         for op, n in r['table'].most_common(args.top)))
+
+
+if __name__ == '__main__':
+    main()

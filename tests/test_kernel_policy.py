@@ -1,0 +1,194 @@
+"""The device policy (``aa_det/models/layers/kernel_policy.py``) and the CUDA path run on the CPU.
+
+``force_policy('cuda')`` gives CPU tensors the CUDA choices, so these tests execute what a GPU runs
+under AMP: AA's folded fused SDPA on the autocast dtype (with the fp16 fold scale), GSA's bf16
+products and one-chunk axial kernel, forward and backward, against the float64 loop references.
+Errors are bounded as in tests/test_low_precision.py (issue 11): by PyTorch's own SDPA error on the
+same inputs and dtype.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
+from aa_det.models.layers import gsa as gsa_mod
+from aa_det.models.layers import relative_attention as ra
+from aa_det.models.layers.kernel_policy import (CUDA_AXIAL_ELEMS, axial_chunk_elems, choose_impl, compute_dtype,
+                                                force_policy, kernel_device)
+from aa_det.utils.compat import TORCH_VERSION
+
+#: torch.autocast('cpu', dtype=torch.float16) (torch 2.1 autocasts the CPU to bfloat16 only)
+CPU_FP16 = pytest.mark.skipif(TORCH_VERSION < (2, 4), reason='float16 autocast on the CPU needs torch >= 2.4')
+LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16)]
+
+
+def rel_err(a, ref):
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+class _Ops(TorchDispatchMode):
+    """Counts aten ops that launch a kernel (as benchmarks/op_counts.py: no views, allocations)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and isinstance(out, (torch.Tensor, tuple, list)) and \
+                func.__name__.split('.')[0] not in ('detach', 'empty', 'empty_like', 'empty_strided'):
+            self.count += 1
+        return out
+
+
+def test_policy_follows_the_device_and_can_be_forced():
+    assert kernel_device('cpu') == 'cpu' and kernel_device('cuda') == 'cuda' and kernel_device('mps') == 'cpu'
+    with force_policy('cuda'):
+        assert kernel_device('cpu') == 'cuda'
+        with force_policy('cpu'):
+            assert kernel_device('cuda') == 'cpu'
+        assert kernel_device('cpu') == 'cuda'
+        assert choose_impl(kernel_device('cpu'), 10, torch.bfloat16) == 'sdpa'
+        assert axial_chunk_elems(kernel_device('cpu')) == CUDA_AXIAL_ELEMS
+        assert compute_dtype(torch.float16, kernel_device('cpu')) == torch.bfloat16
+    assert kernel_device('cpu') == 'cpu'
+    with pytest.raises(ValueError, match='policy'):
+        with force_policy('tpu'):
+            pass
+
+
+def _aa_inputs(seed, B=2, Nh=4, H=12, W=10, d=20, dv=3, max_dist=12):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+
+    return (rnd(B, Nh, H * W, d, scale=d ** -0.5), rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, dv),
+            rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(B, Nh, H * W, dv))
+
+
+def _grads(out, gout, inputs):
+    return [out, *torch.autograd.grad((out.double() * gout).sum(), inputs)]
+
+
+@pytest.mark.parametrize('dtype', LOW)
+def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monkeypatch):
+    """relative_attention under autocast with the CUDA policy: the folded fused SDPA runs on the
+    autocast dtype (spied), and output and gradients (q, k, v, both tables) are within 1.1x of
+    PyTorch's SDPA error on the same attention (relative logits as an additive mask) against the
+    float64 loop reference."""
+    H, W = 12, 10
+    q, k, v, th, tw, gout = _aa_inputs(0)
+    ref_inputs = [t.clone().requires_grad_() for t in (q, k, v, th, tw)]
+    ref = [t.detach() for t in _grads(ra.attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
+    ran = []
+    real = ra.attention_sdpa_folded
+    monkeypatch.setattr(ra, 'attention_sdpa_folded', lambda *a: ran.append(a[-1]) or real(*a))
+    qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    ths, tws = (t.float().requires_grad_() for t in (th, tw))
+    with force_policy('cuda'), torch.autocast('cpu', dtype=dtype):
+        out = ra.relative_attention(qs, ks, vs, ths, tws, H, W)
+    assert ran == [dtype] and out.dtype == dtype
+    ours = _grads(out, gout, (qs, ks, vs, ths, tws))
+    # PyTorch's SDPA on the same inputs and dtype, the relative logits (float32) as a mask
+    qt, kt, vt = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    tht, twt = (t.float().requires_grad_() for t in (th, tw))
+    rel_h, rel_w = ra.relative_logits_2d(qt.float().view(2, 4, H, W, -1), tht, twt)
+    bias = ra._add_relative(torch.zeros(2, 4, H * W, H * W), rel_h, rel_w, H, W)
+    torchs = _grads(F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias.to(dtype), scale=1.0), gout,
+                    (qt, kt, vt, tht, twt))
+    for name, a, b, r in zip(('out', 'dq', 'dk', 'dv', 'dtable_h', 'dtable_w'), ours, torchs, ref):
+        assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
+
+
+@CPU_FP16
+def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
+    """Relative logits ~1e5-1e6 (past float16's 65504) under fp16 autocast and the CUDA policy:
+    folded through the power-of-two scale, output and gradients finite and equal to the float32
+    kernel on the same float16-rounded q, k, v."""
+    H, W = 12, 10
+    q, k, v, th, tw, gout = _aa_inputs(0)
+    th, tw = th * 3e4, tw * 3e4
+    qs, ks, vs = (t.half().requires_grad_() for t in (q, k, v))
+    ths, tws = (t.float().requires_grad_() for t in (th, tw))
+    with force_policy('cuda'), torch.autocast('cpu', dtype=torch.float16):
+        out = ra.relative_attention(qs, ks, vs, ths, tws, H, W)
+    grads = torch.autograd.grad((out.float() * gout.float()).sum(), (qs, ks, vs, ths, tws))
+    assert all(torch.isfinite(t).all() for t in (out, *grads))
+    q16, k16, v16 = (t.detach().float() for t in (qs, ks, vs))
+    rel_h, rel_w = ra.relative_logits_2d(q16.view(2, 4, H, W, -1), th.float(), tw.float())
+    scale = ra._fp16_fold_scale(rel_h, rel_w)
+    assert scale > 1
+    rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds
+    expected = ra.attention_sdpa_folded(q16, k16, v16, rel_h, rel_w, H, W)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
+
+
+def _gsa_module(components=('content', 'column', 'row')):
+    torch.manual_seed(0)
+    gsa = GlobalSelfAttention2d(16, 16, num_heads=2, components=components, max_rel_dist=8).double()
+    with torch.no_grad():
+        for name in ('rel_col', 'rel_row'):
+            getattr(gsa, name).mul_(4)  # positional terms as large as the content term
+    return gsa
+
+
+@pytest.mark.parametrize('dtype', LOW)
+def test_cuda_policy_gsa_module_against_the_loop_reference(dtype, monkeypatch):
+    """The GSA module with the CUDA policy under autocast: products in bf16 (fp16 inputs too), the
+    axial kernels in one chunk per axis (spied), forward and backward (input and every parameter)
+    against the float64 loop reference written from the paper's equations. The bound is the CPU
+    policy's error on the same autocast run (its kernels are bounded one by one by PyTorch's SDPA
+    error in tests/test_low_precision.py): the CUDA path is as exact, within 1.25x."""
+    x = torch.randn(2, 16, 9, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    gsa = _gsa_module().train()
+    xr = x.clone().requires_grad_()
+    q, k, v = gsa.qkv_heads(xr)
+    ref = gsa_mod.gsa_reference(q, k, v, gsa.rel_col, gsa.rel_row, norm=gsa.norm_col).reshape(2, 16, 9, 11)
+    gout = torch.randn_like(ref)
+    ref = [ref.detach(), *torch.autograd.grad((ref * gout).sum(), [xr] + list(gsa.parameters()))]
+    chunks = []
+    real = gsa_mod._axial_chunk
+    monkeypatch.setattr(gsa_mod, '_axial_chunk', lambda q, v, e: chunks.append(v.shape[0]) or real(q, v, e))
+    errors = {}
+    for policy in ('cpu', 'cuda'):
+        module, xs = _gsa_module().float().train(), x.float().requires_grad_()
+        chunks.clear()
+        with force_policy(policy), torch.autocast('cpu', dtype=dtype):
+            out = module(xs)
+        assert out.dtype == torch.bfloat16
+        ours = [out, *torch.autograd.grad((out.double() * gout).sum(), [xs] + list(module.parameters()))]
+        errors[policy] = [rel_err(a, r) for a, r in zip(ours, ref)]
+    assert chunks == [2 * 2 * 11, 2 * 2 * 9]  # CUDA: one chunk per axis, all B * Nh * W (H) sequences
+    names = ['out', 'x'] + [n for n, _ in gsa.named_parameters()]
+    for name, cuda, cpu in zip(names, errors['cuda'], errors['cpu']):
+        assert cuda <= 1.25 * cpu + 1e-6, (name, cuda, cpu)
+
+
+@pytest.mark.parametrize('layer', ['aa', 'gsa'])
+def test_cuda_policy_kernel_launches_do_not_grow_with_batch_or_size(layer):
+    """One layer's forward + backward under bf16 autocast and the CUDA policy dispatches the same
+    number of ops at 2x8x8 as at 4x24x18 (no loop over chunks or query blocks; both sizes pad
+    the folded head dims)."""
+    counts = []
+    for B, H, W in ((2, 8, 8), (4, 24, 18)):
+        torch.manual_seed(0)  # a fresh layer each time: no gradient to accumulate into
+        if layer == 'aa':
+            module = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4)
+        else:
+            module = GlobalSelfAttention2d(16, 16, num_heads=4)
+        x = torch.randn(B, 16, H, W, requires_grad=True)
+        ops = _Ops()
+        with force_policy('cuda'), ops:
+            with torch.autocast('cpu', dtype=torch.bfloat16):
+                out = module(x)
+            out.float().sum().backward()
+        counts.append(ops.count)
+    assert counts[0] == counts[1], counts
+
+
+def test_cpu_policy_is_unchanged_by_the_switch():
+    """Production on the CPU: the blocked kernel in float32 and cache-sized axial chunks."""
+    assert choose_impl(kernel_device('cpu'), 10 ** 12, torch.bfloat16) == 'blocked'
+    assert axial_chunk_elems('cpu') < CUDA_AXIAL_ELEMS

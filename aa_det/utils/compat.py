@@ -66,17 +66,3 @@ def is_capturing_graph() -> bool:
     if TORCH_VERSION >= (2, 3):
         return torch.compiler.is_compiling()
     return torch._dynamo.is_compiling()
-
-
-def is_capturing_graph() -> bool:
-    """True while torch.compile or torch.export (dynamo), ``torch.jit.trace`` or the TorchScript
-    ONNX exporter captures a graph of the running code.
-
-    ``torch.compiler.is_compiling`` exists from torch 2.3 on; torch 2.1 - 2.2 have only
-    ``torch._dynamo.is_compiling``.
-    """
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-        return True
-    if TORCH_VERSION >= (2, 3):
-        return torch.compiler.is_compiling()
-    return torch._dynamo.is_compiling()

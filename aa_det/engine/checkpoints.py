@@ -127,8 +127,9 @@ def latest_usable_checkpoint(work_dir: str) -> Optional[tuple]:
     ``iter_*.pth`` before it (one warning line saying so).
 
     Returns:
-        tuple[str, dict] | None: The path and the checkpoint, or None when the
-        work dir has no checkpoint (the run starts from scratch, as in mmengine).
+        tuple[str, dict, str] | None: The path, the checkpoint and, when it is not
+        the latest, the line to log; None when the work dir has no checkpoint
+        (the run starts from scratch, as in mmengine).
     """
     latest = find_latest_checkpoint(work_dir) if osp.isdir(work_dir) else None
     if latest is None:
@@ -144,10 +145,9 @@ def latest_usable_checkpoint(work_dir: str) -> Optional[tuple]:
             continue
         if checkpoint is None:
             continue
-        if path != latest:
-            print_log(f'aa_det: the latest checkpoint is unusable ({first_error or f"{latest} not found"}); '
-                      f'resuming from {path}', logger='current', level=30)
-        return path, checkpoint
+        note = '' if path == latest else (f'aa_det: the latest checkpoint is unusable '
+                                          f'({first_error or f"{latest} not found"}); resuming from {path}')
+        return path, checkpoint, note
     raise first_error or ConfigError(f'--resume: the latest checkpoint {latest} is missing and {work_dir} '
                                      'holds no other epoch_*.pth / iter_*.pth')
 
@@ -159,7 +159,8 @@ def check_run_checkpoint(cfg) -> Optional[tuple]:
     newest usable one.
 
     Returns:
-        tuple[str, dict] | None: The path and the checkpoint; None when the run loads none.
+        tuple[str, dict, str] | None: The path, the checkpoint and a line to log
+        (``''``: none); None when the run loads no checkpoint.
     """
     if cfg.get('resume') and cfg.get('load_from') is None:
         found = latest_usable_checkpoint(cfg.work_dir)
@@ -171,7 +172,7 @@ def check_run_checkpoint(cfg) -> Optional[tuple]:
         return None
     if not osp.isfile(path):
         raise ConfigError(f'load_from: checkpoint file not found: {path}')
-    return path, usable_checkpoint(path)
+    return path, usable_checkpoint(path), ''
 
 
 def check_checkpoint_fits(cfg, model: torch.nn.Module, path: str, checkpoint: dict, training: bool):

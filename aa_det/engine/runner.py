@@ -187,6 +187,7 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     from .checkpoints import check_checkpoint_fits, check_run_checkpoint
     check_datasets(cfg, splits)
     check_pretrained(cfg)
+    from .model_checks import check_model_config; check_model_config(cfg, splits)  # noqa: E702
     checkpoint = check_run_checkpoint(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the
@@ -194,6 +195,9 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
         dist.init_process_group(backend='gloo')
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
     if checkpoint is not None:
+        path, loaded, note = checkpoint
+        if note:
+            runner.logger.warning(note)
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        check_checkpoint_fits(cfg, model, *checkpoint, training='train' in splits)
+        check_checkpoint_fits(cfg, model, path, loaded, training='train' in splits)
     return runner

@@ -97,8 +97,9 @@ def test_resnet_checkpoint_for_the_aa_config_is_an_error_unless_partial(shapes, 
     for splits in (('test',), ('train', 'val', 'test')):  # tools/test.py, and load_from in training
         cfg = config(shapes, tmp_path)
         cfg.load_from = resnet_ckpt
-        with pytest.raises(ConfigError, match=r'checkpoint does not fit the model: \S+resnet18.pth: \d+ missing keys '
-                                              r'\(first: backbone\.layer2\.\S+\), \d+ unexpected keys .*--partial-load'):
+        with pytest.raises(ConfigError, match=r'checkpoint does not fit the model: \S+resnet18.pth: \d+ missing '
+                                              r'keys \(first: backbone\.layer2\.\S+\), \d+ unexpected keys '
+                                              r'.*--partial-load'):
             build_runner(cfg, splits=splits)
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(shapes), partial_load=True)
     cfg.load_from = resnet_ckpt
@@ -139,7 +140,8 @@ def test_resume_from_a_nan_checkpoint_stops_before_training(shapes, aa_ckpt, tmp
 
 
 def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(shapes, tmp_path):
-    build_runner(config(shapes, tmp_path, **{'train_cfg.max_epochs': 2, 'default_hooks.checkpoint.interval': 1})).train()
+    every_epoch = {'train_cfg.max_epochs': 2, 'default_hooks.checkpoint.interval': 1}
+    build_runner(config(shapes, tmp_path, **every_epoch)).train()
     latest = tmp_path / 'epoch_2.pth'
     assert open(tmp_path / 'last_checkpoint').read().strip().endswith('epoch_2.pth')
     latest.write_bytes(latest.read_bytes()[:1000])  # the copy was cut

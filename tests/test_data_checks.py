@@ -76,7 +76,8 @@ def test_missing_image_is_one_line_from_the_tool(data, tmp_path):
     (data / 'val' / '000001.png').unlink()
     out = run_tool('train.py', DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
     assert out.returncode == 2, out.stderr[-2000:]
-    assert re.fullmatch(r'aa_det: 1 of 4 images listed in \S+instances_val.json are missing, first: \S+/val/000001.png\n',
+    assert re.fullmatch(r'aa_det: 1 of 4 images listed in \S+instances_val.json are missing, '
+                        r'first: \S+/val/000001.png\n',
                         out.stderr), out.stderr[-2000:]
 
 

@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 
 from mmdet.registry import MODELS
 
-from .attention_resnet import AttentionResNet
+from ..layers import aa_channels
+from .attention_resnet import AttentionResNet, check_per_stage
 
 
 @MODELS.register_module()
@@ -51,15 +52,40 @@ class AAResNet(AttentionResNet):
         cfg = dict(type='AAConv', key_ratio=ratio or 0.2, value_ratio=ratio or 0.1, num_heads=8)
         cfg.update(attention or {})
         num_stages = kwargs.get('num_stages', 4)
+        check_per_stage('AAResNet', num_stages, stage_with_attention=stage_with_attention,
+                        attn_downsample_stages=attn_downsample_stages)
         if attn_downsample_stages is None:
-            augmented = tuple(stage_with_attention)[:num_stages]
-            first = augmented.index(True) if any(augmented) else -1
+            first = tuple(stage_with_attention).index(True) if any(stage_with_attention) else -1
             attn_downsample_stages = [i == first for i in range(num_stages)]
-        if len(attn_downsample_stages) < num_stages:
-            raise ValueError(f'AAResNet: attn_downsample_stages={attn_downsample_stages} needs '
-                             f'num_stages={num_stages} entries')
         self.attn_downsample_stages = tuple(attn_downsample_stages)
+        self.check_conv_channels(cfg, kwargs.get('base_channels', 64), stage_with_attention)
         super().__init__(depth, attention=cfg, stage_with_attention=stage_with_attention, **kwargs)
+
+    @staticmethod
+    def check_conv_channels(cfg: dict, base_channels: int, stage_with_attention: Sequence[bool]):
+        """Refuse a ``base_channels`` at which an augmented conv has no convolutional part left
+        (``dv`` rounds up to its width, :func:`aa_channels`), naming the smallest that works.
+
+        A fully attentional network (``value_ratio=1.0``) or an explicit ``value_channels`` is
+        left to :class:`AAConv2d`.
+        """
+        if cfg.get('value_channels') is not None or cfg.get('value_ratio', 0.1) >= 1:
+            return
+        stages = [i for i, augmented in enumerate(stage_with_attention) if augmented]
+
+        def fits(base):  # the augmented conv of stage i has base * 2**i output channels
+            return all(aa_channels(base * 2 ** i, cfg.get('key_ratio', 0.2), cfg.get('value_ratio', 0.1),
+                                   cfg.get('num_heads', 8), cfg.get('min_key_dim_per_head', 20))[1]
+                       < base * 2 ** i for i in stages)
+
+        if not fits(base_channels):
+            smallest = next(base for base in range(1, 1 << 16) if fits(base))
+            raise ValueError(f'AAResNet: base_channels={base_channels} leaves no convolutional channels in '
+                             f'an augmented conv (value_ratio={cfg.get("value_ratio", 0.1)} rounds dv up to '
+                             f'a multiple of num_heads={cfg.get("num_heads", 8)}); use base_channels >= '
+                             f'{smallest}, fewer num_heads, or value_ratio=1.0 for a fully attentional network')
+
+    stage_keys = ('attn_downsample',)  # set per stage from attn_downsample_stages
 
     def stage_attention(self, stage: int) -> dict:
         return dict(self.attention, attn_downsample=self.attn_downsample_stages[stage])

@@ -13,11 +13,53 @@ Example:
     >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 64, 96))]
     [(1, 16, 16, 24), (1, 32, 8, 12), (1, 64, 4, 6), (1, 128, 2, 3)]
 """
-from typing import Sequence
+import inspect
+from typing import Optional, Sequence
 
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck, ResNet
+from mmdet.registry import MODELS
 
 from ..blocks import AttentionBasicBlock, AttentionBottleneck
+
+#: arguments of a conv layer that the blocks set, never the ``attention`` config
+CONV_ARGS = ('in_channels', 'out_channels', 'kernel_size', 'stride', 'padding', 'dilation', 'groups', 'bias')
+
+
+def check_per_stage(name: str, num_stages: int, **settings: Optional[Sequence]):
+    """Refuse ``num_stages`` outside mmdet ResNet's 1..4 and per-stage settings of another length.
+
+    Args:
+        name (str): the backbone, for the message.
+        num_stages (int): the backbone's ``num_stages``.
+        **settings: per-stage sequences by argument name; None is skipped.
+    """
+    if not 1 <= num_stages <= 4:
+        raise ValueError(f'{name}: num_stages={num_stages} must be 1 to 4 (the stages of mmdet\'s ResNet)')
+    for key, value in settings.items():
+        if value is not None and len(value) != num_stages:
+            raise ValueError(f'{name}: {key}={tuple(value)} has {len(value)} entries; it needs one per '
+                             f'stage, num_stages={num_stages}')
+
+
+def check_attention_keys(name: str, attention: dict, stage_keys: Sequence[str] = ()):
+    """Refuse keys of ``attention`` that its layer does not take (or that the blocks or the
+    backbone set per stage), naming the keys allowed.
+
+    Args:
+        name (str): the backbone, for the message.
+        attention (dict): conv-layer config of the attention layer.
+        stage_keys (Sequence[str]): keys the backbone sets per stage.
+    """
+    layer = attention['type']
+    layer = MODELS.get(layer) if isinstance(layer, str) else layer
+    if layer is None:
+        raise ValueError(f'{name}: attention type {attention["type"]!r} is not a registered conv layer '
+                         f'(AAConv, GSA)')
+    allowed = sorted(set(inspect.signature(layer).parameters) - set(CONV_ARGS) - set(stage_keys))
+    unknown = sorted(set(attention) - set(allowed) - {'type'})
+    if unknown:
+        raise ValueError(f'{name}: attention key(s) {", ".join(unknown)} not taken by {layer.__name__}; '
+                         f'allowed: {", ".join(allowed)}')
 
 
 class AttentionResNet(ResNet):
@@ -31,23 +73,25 @@ class AttentionResNet(ResNet):
     Args:
         attention (dict): conv-layer config of the attention layer
             (``dict(type='AAConv', ...)`` or ``dict(type='GSA', ...)``).
-        stage_with_attention (Sequence[bool]): stages whose blocks use it.
+        stage_with_attention (Sequence[bool]): stages whose blocks use it,
+            one entry per stage (``num_stages``, 1 to 4).
     """
 
     #: mmdet's block -> the same block with an attention layer
     attention_blocks = {Bottleneck: AttentionBottleneck, BasicBlock: AttentionBasicBlock}
+    #: attention-layer arguments :meth:`stage_attention` sets, refused in ``attention``
+    stage_keys = ()
 
     def __init__(self, depth: int, attention: dict, stage_with_attention: Sequence[bool], **kwargs):
         name = type(self).__name__
         if depth not in self.arch_settings:
             raise KeyError(f'{name}: invalid depth {depth}; choose from {sorted(self.arch_settings)}')
-        num_stages = kwargs.get('num_stages', 4)
-        stage_with_attention = tuple(stage_with_attention)
-        if len(stage_with_attention) < num_stages:
-            raise ValueError(f'{name}: stage_with_attention={stage_with_attention} needs '
-                             f'num_stages={num_stages} entries')
+        check_per_stage(name, kwargs.get('num_stages', 4), stage_with_attention=stage_with_attention,
+                        strides=kwargs.get('strides'), dilations=kwargs.get('dilations'),
+                        stage_with_dcn=kwargs.get('stage_with_dcn') if kwargs.get('dcn') else None)
+        check_attention_keys(name, attention, self.stage_keys)
         self.attention = dict(attention)
-        self.stage_with_attention = stage_with_attention[:num_stages]
+        self.stage_with_attention = tuple(stage_with_attention)
         super().__init__(depth, **kwargs)
 
     def stage_attention(self, stage: int) -> dict:

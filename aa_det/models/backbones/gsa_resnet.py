@@ -19,14 +19,15 @@ from typing import Optional, Sequence
 from mmdet.models.backbones.resnet import Bottleneck
 from mmdet.registry import MODELS
 
-from .attention_resnet import AttentionResNet
+from .attention_resnet import AttentionResNet, check_per_stage
 
 
 @MODELS.register_module()
 class GSAResNet(AttentionResNet):
     """Global Self-Attention ResNet (GSA paper, Table 6).
 
-    Takes every argument of mmdet's ``ResNet`` (``plugins`` included) plus:
+    Takes every argument of mmdet's ``ResNet`` (``plugins`` included; ``conv_cfg``
+    builds the stem, 1x1 and shortcut convs, a GSA module has no convolution) plus:
 
     Args:
         attention (dict, optional): overrides of the ``GSA`` module config
@@ -51,6 +52,8 @@ class GSAResNet(AttentionResNet):
                  **kwargs):
         cfg = dict(type='GSA', num_heads=8, norm_cfg=kwargs.get('norm_cfg', dict(type='BN', requires_grad=True)))
         cfg.update(attention or {})
+        check_per_stage('GSAResNet', kwargs.get('num_stages', 4), stage_with_attention=stage_with_attention,
+                        stage_with_dcn=kwargs.get('stage_with_dcn') if kwargs.get('dcn') else None)
         dcn_stages = [i for i, (a, d) in enumerate(zip(stage_with_attention, kwargs.get('stage_with_dcn', ())))
                       if a and d and kwargs.get('dcn') is not None]
         if dcn_stages:

@@ -6,8 +6,9 @@ mmdet's ``Bottleneck`` / ``BasicBlock`` with one conv built from an explicit ``a
 (``AAConv`` or ``GSA``, registered conv layers), the way mmdet's ResNeSt replaces ``conv2``.
 Every other part is mmdet's: ``conv1 .. norm3`` and their checkpoint keys, ``downsample``,
 ``with_cp``, ``zero_init_residual``, and ``plugins`` (which run around ``conv2`` as in any
-Bottleneck). ``dcn`` stays free: it becomes the convolutional part of an ``AAConv``
-(``concat[DCN(X), MHA(X)]``).
+Bottleneck). ``conv_cfg`` (e.g. mmdet's ``dict(type='ConvWS')``) and ``dcn`` stay free: the block's
+``dcn``, else the attention config's own ``conv_cfg``, else the block's ``conv_cfg`` builds the
+convolutional part of an ``AAConv`` (``concat[DCN(X), MHA(X)]``); a ``GSA`` module has none.
 
 Example:
     >>> import torch
@@ -20,8 +21,34 @@ Example:
     >>> block(torch.rand(1, 8, 9, 13)).shape
     torch.Size([1, 16, 5, 7])
 """
+from typing import Optional
+
 from mmcv.cnn import build_conv_layer
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
+
+from ..layers import AAConv2d
+
+
+def attention_layer_cfg(attention: dict, conv_cfg: Optional[dict], dcn: Optional[dict]) -> dict:
+    """``attention`` with the config of its convolutional part, if it has one (``AAConv``).
+
+    Args:
+        attention (dict): conv-layer config of the attention layer.
+        conv_cfg (dict, optional): the block's ``conv_cfg``; the attention config's own
+            ``conv_cfg`` wins over it.
+        dcn (dict, optional): the block's ``dcn``; wins over both, as in mmdet's ``Bottleneck``.
+
+    Returns:
+        dict: a copy of ``attention``.
+    """
+    attention = dict(attention)
+    if attention['type'] not in ('AAConv', AAConv2d):
+        return attention
+    if dcn is not None:
+        attention['conv_cfg'] = {k: v for k, v in dcn.items() if k != 'fallback_on_stride'}
+    elif conv_cfg is not None:
+        attention.setdefault('conv_cfg', conv_cfg)
+    return attention
 
 
 class AttentionBottleneck(Bottleneck):
@@ -34,16 +61,14 @@ class AttentionBottleneck(Bottleneck):
             ``dict(type='AAConv', ...)`` or ``dict(type='GSA', ...)``.
         **kwargs: every argument of mmdet's ``Bottleneck`` (``stride``,
             ``dilation``, ``downsample``, ``style``, ``with_cp``, ``conv_cfg``,
-            ``norm_cfg``, ``dcn``, ``plugins``, ``init_cfg``). With ``dcn``,
-            the attention layer's convolutional part is that deformable conv
-            (``conv_cfg`` of ``AAConv``).
+            ``norm_cfg``, ``dcn``, ``plugins``, ``init_cfg``). ``dcn``, else
+            ``conv_cfg``, builds the attention layer's convolutional part
+            (:func:`attention_layer_cfg`).
     """
 
     def __init__(self, inplanes: int, planes: int, attention: dict, **kwargs):
         super().__init__(inplanes, planes, **kwargs)
-        attention = dict(attention)
-        if self.with_dcn:
-            attention['conv_cfg'] = {k: v for k, v in self.dcn.items() if k != 'fallback_on_stride'}
+        attention = attention_layer_cfg(attention, self.conv_cfg, self.dcn)
         self.conv2 = build_conv_layer(attention, planes, planes, 3, stride=self.conv2_stride,
                                       padding=self.dilation, dilation=self.dilation, bias=False)
 
@@ -57,11 +82,17 @@ class AttentionBasicBlock(BasicBlock):
         inplanes (int): input channels.
         planes (int): output channels.
         attention (dict): conv-layer config of the attention layer.
-        **kwargs: every argument of mmdet's ``BasicBlock``.
+        stride (int): stride of ``conv1``. Defaults to 1.
+        dilation (int): dilation of ``conv1``. Defaults to 1.
+        conv_cfg (dict, optional): config of every convolution, the attention
+            layer's convolutional part included (:func:`attention_layer_cfg`).
+            Defaults to None.
+        **kwargs: every other argument of mmdet's ``BasicBlock``.
     """
 
     def __init__(self, inplanes: int, planes: int, attention: dict, stride: int = 1, dilation: int = 1,
-                 **kwargs):
-        super().__init__(inplanes, planes, stride=stride, dilation=dilation, **kwargs)
+                 conv_cfg: Optional[dict] = None, **kwargs):
+        super().__init__(inplanes, planes, stride=stride, dilation=dilation, conv_cfg=conv_cfg, **kwargs)
+        attention = attention_layer_cfg(attention, conv_cfg, None)
         self.conv1 = build_conv_layer(attention, inplanes, planes, 3, stride=stride, padding=dilation,
                                       dilation=dilation, bias=False)

@@ -70,7 +70,8 @@ class AAConv2d(BaseModule):
         bias (bool): bias of the convolutional part. Defaults to False.
         key_ratio (float): ``kappa = dk / F_out``. Defaults to 0.2.
         value_ratio (float): ``upsilon = dv / F_out``; 1.0 makes the layer fully
-            attentional. Defaults to 0.1.
+            attentional. Below 1, ``dv`` must round to fewer than ``out_channels``
+            (the convolutional part keeps ``out_channels - dv``). Defaults to 0.1.
         num_heads (int): ``Nh``. Defaults to 8.
         min_key_dim_per_head (int): lower bound on ``dkh`` (the paper's "minimum
             of 20 dimensions per head for the keys"). Defaults to 20.
@@ -126,6 +127,11 @@ class AAConv2d(BaseModule):
                                  f'num_heads={num_heads}')
         if dv > out_channels:
             raise ValueError(f'AAConv2d: value_channels (dv)={dv} exceeds out_channels={out_channels}')
+        if dv == out_channels and value_channels is None and value_ratio < 1:
+            raise ValueError(f'AAConv2d: value_ratio={value_ratio} of out_channels={out_channels} rounds to '
+                             f'dv={dv} (a multiple of num_heads={num_heads}), which leaves no convolutional '
+                             f'channels; use more out_channels or fewer heads, or value_ratio=1.0 for a '
+                             f'fully attentional layer')
         if position not in POSITION_ENCODINGS:
             raise ValueError(f'AAConv2d: position must be one of {POSITION_ENCODINGS}, got {position!r}')
         if stride not in (1, 2):

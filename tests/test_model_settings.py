@@ -1,0 +1,220 @@
+"""Every ResNet / model setting honoured or refused, and config mistakes caught before training
+(issue 20 A): backbone settings through the registry, config checks through load_config +
+build_runner and tools/train.py."""
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+from mmcv.cnn.bricks.conv_ws import ConvWS2d
+from mmdet.registry import MODELS
+
+from aa_det.datasets import generate_shapes_coco
+from aa_det.engine import ConfigError, build_runner, load_config
+from aa_det.engine.model_checks import check_model_config, coco_category_names
+from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
+
+from demo_config import DEMO, ROOT, demo_options
+
+TINY_AA = dict(type='AAResNet', base_channels=8, attention=dict(num_heads=2, min_key_dim_per_head=2))
+WS_GN = dict(conv_cfg=dict(type='ConvWS'), norm_cfg=dict(type='GN', num_groups=2, requires_grad=True))
+
+
+@pytest.fixture(scope='module')
+def tiny_shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp('shapes')
+    generate_shapes_coco(str(root), num_train=4, num_val=2, image_size=64)
+    return root
+
+
+# --- conv_cfg -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('depth, conv', [(18, 'conv1'), (50, 'conv2')])
+def test_aa_conv_part_follows_conv_cfg(depth, conv):
+    """mmdet's gn+ws (``conv_cfg=dict(type='ConvWS')``): the convolutional half of every AA conv
+    is a ConvWS, in basic blocks and bottlenecks, as every other conv of the network."""
+    model = MODELS.build(dict(TINY_AA, depth=depth, **WS_GN))
+    aa = [m for m in model.modules() if isinstance(m, AAConv2d)]
+    assert aa and all(type(m.conv) is ConvWS2d for m in aa)
+    assert type(getattr(model.layer1[0], conv)) is ConvWS2d  # a plain stage, mmdet's own
+    assert model(torch.rand(1, 3, 32, 32))[-1].shape[1] == model.feat_dim
+
+
+def test_dcn_wins_over_the_attention_configs_conv_cfg():
+    model = MODELS.build(dict(TINY_AA, depth=50, attention=dict(TINY_AA['attention'], conv_cfg=dict(type='ConvWS')),
+                              dcn=dict(type='DCN', deform_groups=1), stage_with_dcn=(False, False, False, True)))
+    assert type(model.layer3[0].conv2.conv) is ConvWS2d
+    assert type(model.layer4[0].conv2.conv).__name__ == 'DeformConv2dPack'
+
+
+def test_gsa_resnet_takes_conv_cfg_for_its_convs():
+    model = MODELS.build(dict(type='GSAResNet', depth=26, base_channels=8, attention=dict(num_heads=2), **WS_GN))
+    assert type(model.stem[0] if hasattr(model, 'stem') else model.conv1) is ConvWS2d
+    assert type(model.layer1[0].conv1) is ConvWS2d and type(model.layer1[0].conv3) is ConvWS2d
+    assert isinstance(model.layer1[0].conv2, GlobalSelfAttention2d)
+
+
+# --- per-stage settings ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('settings, error', [
+    (dict(stage_with_attention=(False, True, True, True, True)),
+     r'stage_with_attention=\(False, True, True, True, True\) has 5 entries; it needs one per stage, num_stages=4'),
+    (dict(stage_with_attention=(False, True, True)), r'stage_with_attention=\(False, True, True\) has 3 entries; it needs one per stage, num_stages=4'),
+    (dict(num_stages=5), 'num_stages=5 must be 1 to 4'),
+    (dict(num_stages=0), 'num_stages=0 must be 1 to 4'),
+])
+@pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
+def test_per_stage_settings_need_one_entry_per_stage(backbone, settings, error):
+    cfg = dict(TINY_AA, depth=18) if backbone == 'AAResNet' else dict(
+        type='GSAResNet', depth=26, base_channels=8, attention=dict(num_heads=2))
+    with pytest.raises(ValueError, match=f'^{backbone}: {error}'):
+        MODELS.build(dict(cfg, **settings))
+
+
+def test_attn_downsample_stages_need_one_entry_per_stage():
+    with pytest.raises(ValueError, match=r'^AAResNet: attn_downsample_stages=\(False, True\) has 2 entries'):
+        MODELS.build(dict(TINY_AA, depth=18, attn_downsample_stages=(False, True)))
+
+
+def test_three_stages_with_three_entries_build():
+    model = MODELS.build(dict(TINY_AA, depth=18, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
+                              out_indices=(0, 1, 2), stage_with_attention=(False, True, True)))
+    assert [tuple(o.shape) for o in model(torch.rand(1, 3, 32, 32))] == [(1, 8, 8, 8), (1, 16, 4, 4), (1, 32, 2, 2)]
+
+
+# --- AA channels ----------------------------------------------------------------------------
+
+def test_base_channels_without_a_conv_part_are_refused():
+    """AA-R18 at base_channels=4, 8 heads: dv rounds up to 8 = the 8 channels of stage 2's conv."""
+    with pytest.raises(ValueError, match=r'^AAResNet: base_channels=4 leaves no convolutional channels .* '
+                                         r'use base_channels >= 5'):
+        MODELS.build(dict(type='AAResNet', depth=18, base_channels=4))
+    model = MODELS.build(dict(type='AAResNet', depth=18, base_channels=5))
+    assert all(m.conv is not None for m in model.modules() if isinstance(m, AAConv2d))
+
+
+def test_fully_attentional_network_stays_allowed():
+    model = MODELS.build(dict(type='AAResNet', depth=18, base_channels=4,
+                              attention=dict(key_ratio=1.0, value_ratio=1.0, min_key_dim_per_head=1)))
+    assert all(m.conv is None for m in model.modules() if isinstance(m, AAConv2d))
+
+
+def test_aa_conv_without_a_conv_part_is_refused():
+    with pytest.raises(ValueError, match=r'value_ratio=0.25 of out_channels=8 rounds to dv=8'):
+        AAConv2d(8, 8, key_ratio=0.25, value_ratio=0.25, num_heads=8)
+
+
+# --- attention keys -------------------------------------------------------------------------
+
+def test_aa_keys_left_in_a_gsa_backbone_are_named():
+    with pytest.raises(ValueError, match=r'^GSAResNet: attention key\(s\) min_key_dim_per_head not taken by '
+                                         r'GlobalSelfAttention2d; allowed: components, .*num_heads'):
+        MODELS.build(dict(type='GSAResNet', depth=26, base_channels=8,
+                          attention=dict(num_heads=2, min_key_dim_per_head=8)))
+
+
+@pytest.mark.parametrize('key', ['attn_downsample', 'stride', 'nonsense'])
+def test_keys_the_blocks_set_or_no_layer_takes_are_refused(key):
+    with pytest.raises(ValueError, match=f'^AAResNet: attention key\\(s\\) {key} not taken by AAConv2d; '
+                                         f'allowed: .*key_ratio'):
+        MODELS.build(dict(TINY_AA, depth=18, attention=dict(TINY_AA['attention'], **{key: 1})))
+
+
+# --- config checks before training ----------------------------------------------------------
+
+def _cfg(root, **extra):
+    return load_config(DEMO, cfg_options=demo_options(root, **extra))
+
+
+def test_demo_config_passes_the_checks(tiny_shapes):
+    check_model_config(_cfg(tiny_shapes))
+
+
+def test_num_classes_other_than_the_datasets_classes(tiny_shapes):
+    with pytest.raises(ConfigError, match=r'model.bbox_head.num_classes=2 but train_dataloader.dataset.metainfo.classes '
+                                          r'gives 3 classes'):
+        build_runner(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 2}))
+
+
+def test_num_classes_checked_for_test_only(tiny_shapes):
+    cfg = _cfg(tiny_shapes, **{'model.bbox_head.num_classes': 4})
+    with pytest.raises(ConfigError, match=r'num_classes=4 but test_dataloader.dataset.metainfo.classes gives 3'):
+        build_runner(cfg, splits=('test',))
+
+
+def test_class_names_not_in_the_annotation_file(tiny_shapes):
+    classes = ('circle', 'square', 'triangle', 'star', 'hexagon')
+    cfg = _cfg(tiny_shapes, **{'model.bbox_head.num_classes': 5},
+               **{f'{s}_dataloader.dataset.metainfo.classes': classes for s in ('train', 'val', 'test')})
+    with pytest.raises(ConfigError, match=r"train_dataloader.dataset.metainfo.classes: 'star', 'hexagon' not among "
+                                          r"the categories of .*annotations/instances_train.json"):
+        build_runner(cfg)
+
+
+def test_class_names_in_another_order_than_the_file(tiny_shapes):
+    cfg = _cfg(tiny_shapes, **{'train_dataloader.dataset.metainfo.classes': ('square', 'circle', 'triangle')})
+    with pytest.raises(ConfigError, match=r"another order .* \('circle', 'square', 'triangle'\)"):
+        build_runner(cfg)
+
+
+def test_no_metainfo_means_the_dataset_types_classes(tiny_shapes):
+    """mmdet's CocoDataset without ``metainfo.classes`` looks for its 80 COCO names in the file."""
+    cfg = _cfg(tiny_shapes)
+    cfg.train_dataloader.dataset.pop('metainfo')
+    with pytest.raises(ConfigError, match=r"the 80 classes of CheckedCocoDataset \(no metainfo.classes\): 'person'"):
+        build_runner(cfg)
+
+
+def test_neck_in_channels_other_than_the_backbones(tiny_shapes):
+    cfg = _cfg(tiny_shapes, **{'model.neck.in_channels': [256, 512, 1024, 2048]})
+    with pytest.raises(ConfigError, match=r'model.neck.in_channels=\[256, 512, 1024, 2048\] but the backbone '
+                                          r'\(AAResNet, depth=18, base_channels=32, out_indices=\(0, 1, 2, 3\)\) '
+                                          r'outputs \[32, 64, 128, 256\]'):
+        build_runner(cfg)
+
+
+def test_gsa_neck_channels_pass(tiny_shapes):
+    check_model_config(_cfg(tiny_shapes, **{
+        'model.backbone': dict(_delete_=True, type='GSAResNet', depth=26, base_channels=32, init_cfg=None),
+        'model.neck.in_channels': [128, 256, 512, 1024]}))
+
+
+def test_backbone_settings_refused_before_the_runner(tiny_shapes):
+    cfg = _cfg(tiny_shapes, **{'model.backbone.type': 'GSAResNet', 'model.backbone.depth': 26})
+    with pytest.raises(ConfigError, match=r'^model.backbone: GSAResNet: attention key\(s\) min_key_dim_per_head'):
+        build_runner(cfg)
+
+
+def test_train_tool_prints_one_line(tiny_shapes, tmp_path):
+    options = demo_options(tiny_shapes, **{'model.bbox_head.num_classes': 2})
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', str(tmp_path),
+                          '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
+                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1].startswith('aa_det: model.bbox_head.num_classes=2 but ')
+
+
+# --- reading categories ---------------------------------------------------------------------
+
+@pytest.mark.parametrize('first', [True, False])
+def test_categories_read_without_parsing_the_file(tmp_path, monkeypatch, first):
+    """Found from the end in a memory map and decoded from a window (64 KiB, doubled as
+    needed): wherever the key stands, a string "categories" elsewhere does not confuse it."""
+    categories = [dict(id=i, name=f'class {i} é') for i in range(3000)]  # > 64 KiB
+    images = [dict(id=i, file_name='categories', width=8, height=8) for i in range(20000)]
+    parts = [('categories', categories), ('images', images), ('annotations', [])]
+    path = tmp_path / 'instances.json'
+    path.write_text(json.dumps(dict(parts if first else parts[::-1])))
+    monkeypatch.setattr(json, 'load', None)
+    monkeypatch.setattr(json, 'loads', None)
+    assert coco_category_names(str(path)) == [c['name'] for c in categories]
+
+
+def test_categories_that_are_not_names(tmp_path):
+    path = tmp_path / 'instances.json'
+    path.write_text('{"images": [], "annotations": [], "categories": [1, 2]}')
+    with pytest.raises(ConfigError, match=r'"categories" is not a list of .*instances.json'):
+        coco_category_names(str(path))

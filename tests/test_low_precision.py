@@ -14,7 +14,11 @@ from aa_det.models.layers.gsa import column_attention, compute_dtype, content_at
 from aa_det.models.layers.relative_attention import (_add_relative, attention_sdpa_folded, choose_impl, kernel_dtype,
                                                      relative_attention, relative_logits_2d)
 
+from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL
+
 LOW = [torch.float16, torch.bfloat16]
+#: LOW as parameters of CPU tests that multiply in float16
+LOW_CPU = [pytest.param(torch.float16, marks=CPU_FP16_MATMUL), torch.bfloat16]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
 
@@ -51,7 +55,7 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
     return [t.cpu() for t in (out, *grads)]
 
 
-@pytest.mark.parametrize('dtype', LOW)
+@pytest.mark.parametrize('dtype', LOW_CPU)
 @pytest.mark.parametrize('seed', [0, 1])
 def test_fused_aa_kernel_error_is_pytorchs_sdpa_error(dtype, seed):
     """Output and every gradient (q, k, v, both tables) of the folded kernel on fp16/bf16 inputs:
@@ -64,6 +68,7 @@ def test_fused_aa_kernel_error_is_pytorchs_sdpa_error(dtype, seed):
         assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
 
 
+@CPU_FP16_MATMUL
 def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range():
     """Relative logits up to ~1e6 (float16 ends at 65504) fold through a power-of-two scale: output
     and gradients finite, and the output is the float32 kernel's on the same float16-rounded values
@@ -122,7 +127,7 @@ def test_gsa_kernel_error_is_pytorchs_sdpa_error_in_its_compute_dtype(kernel, dt
         assert rel_err(a, r) <= bound, (rel_err(a, r), bound)
 
 
-@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=cuda)])
+@pytest.mark.parametrize('device', [pytest.param('cpu', marks=CPU_FP16_AUTOCAST), pytest.param('cuda', marks=cuda)])
 def test_gsa_under_fp16_autocast_stays_finite_on_large_inputs(device):
     """Inputs x300: GSA's sums reach ~1e6, past float16; under fp16 autocast the module's
     output and every parameter gradient stay finite (before: inf in the forward)."""

@@ -4,6 +4,7 @@ Nothing here downloads, builds or touches the real venv: the script runs against
 directory whose bin/python forwards to this venv's Python (so torch is found) but refuses
 ``-m pip`` (exit 97) or hands it to a fake pip, with its own stamp file and an empty wheel cache.
 """
+import glob
 import hashlib
 import importlib.util
 import os
@@ -16,7 +17,6 @@ import pytest
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SCRIPT = osp.join(ROOT, 'tools', 'env', 'setup_env.sh')
-CONSTRAINTS = osp.join(ROOT, 'requirements', 'constraints.txt')
 PIP_REFUSED = 97
 
 
@@ -31,6 +31,12 @@ def _torch_version_file():
 
 TORCH_VER, TORCH_CUDA = _torch_version_file()
 PY_TAG = 'cp%d%d' % sys.version_info[:2]
+#: the tested stack this venv holds (constraints.txt or constraints-torch2.1.txt): its torch pin is ours
+CONSTRAINTS = next(path for path in sorted(glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')))
+                   if f'torch=={TORCH_VER.split("+")[0]}\n' in open(path).read())
+#: the C++ standard the script builds mmcv with: torch's extension builder's (c++20 for 2.14, c++17 for 2.1)
+CXX_STD = ('c++20' if '-std=c++20' in open(osp.join(osp.dirname(importlib.util.find_spec('torch').origin),
+                                                   'utils', 'cpp_extension.py')).read() else 'c++17')
 MMCV_VER = next(line.split('==')[1].strip() for line in open(CONSTRAINTS) if line.startswith('mmcv=='))
 
 
@@ -41,9 +47,10 @@ def _write_exe(path, text):
 
 
 def _key(index_url=''):
-    """The script's stamp key (mirrors its KEY line: constraints, setup.py, the script, index url)."""
+    """The script's stamp key (mirrors its KEY line: constraints, setup.py, runtime.txt, the script,
+    index url)."""
     h = hashlib.sha256()
-    for p in (CONSTRAINTS, osp.join(ROOT, 'setup.py'), SCRIPT):
+    for p in (CONSTRAINTS, osp.join(ROOT, 'setup.py'), osp.join(ROOT, 'requirements', 'runtime.txt'), SCRIPT):
         with open(p, 'rb') as f:
             h.update(f.read())
     h.update(index_url.encode() + b'\n')
@@ -67,7 +74,7 @@ exec "{sys.executable}" "$@"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith('AA_DET_') and k not in (
                'CUDA_HOME', 'CUDA_PATH', 'TORCH_CUDA_ARCH_LIST', 'CXX', 'FAKE_PY_INCLUDE', 'FAKE_PIP')}
-    env.update(AA_DET_VENV=str(venv), AA_DET_CACHE=str(cache), PIP_NO_INDEX='1',
+    env.update(AA_DET_VENV=str(venv), AA_DET_CACHE=str(cache), AA_DET_CONSTRAINTS=CONSTRAINTS, PIP_NO_INDEX='1',
                PATH=f'{fakebin}:{os.environ["PATH"]}')
 
     class Sandbox:
@@ -141,17 +148,18 @@ def test_forced_cuda_without_nvcc_or_gpu_says_what_is_missing(sandbox):
     one_setup_line(out, 'TORCH_CUDA_ARCH_LIST')
 
 
-@pytest.mark.parametrize('compiler', ['missing', 'no c++20'])
-def test_missing_cxx20_compiler_is_one_line_before_any_download(sandbox, compiler):
+@pytest.mark.parametrize('compiler', ['missing', 'too old'])
+def test_missing_cxx_compiler_is_one_line_before_any_download(sandbox, compiler):
+    """No compiler, or one without torch's C++ standard (C++20 for torch 2.14, C++17 for 2.1)."""
     if compiler == 'missing':
         cxx = str(sandbox.tmp / 'nowhere' / 'g++')
     else:
-        cxx = str(_write_exe(sandbox.bin / 'old-g++', """#!/bin/sh
-case "$*" in *c++20*) echo "error: unrecognized command-line option '-std=c++20'" >&2; exit 1;; esac
+        cxx = str(_write_exe(sandbox.bin / 'old-g++', f"""#!/bin/sh
+case "$*" in *{CXX_STD}*) echo "error: unrecognized command-line option '-std={CXX_STD}'" >&2; exit 1;; esac
 exit 0
 """))
     out = sandbox.run(AA_DET_FLAVOR='cpu', CXX=cxx)
-    one_setup_line(out, cxx, '-std=c++20', 'apt-get install g++')
+    one_setup_line(out, cxx, f'-std={CXX_STD}', TORCH_VER, 'apt-get install g++')
     assert not any(sandbox.cache.iterdir())
 
 
@@ -177,7 +185,7 @@ def test_build_tools_are_checked_only_when_mmcv_must_be_built(sandbox):
     sandbox.cached_wheel('cpu')
     out = sandbox.run(AA_DET_FLAVOR='cpu', CXX=str(sandbox.tmp / 'nowhere' / 'g++'))
     assert out.returncode == PIP_REFUSED, out.stderr
-    assert 'checking torch' in out.stderr and 'c++20' not in out.stderr
+    assert 'checking torch' in out.stderr and CXX_STD not in out.stderr
 
 
 def test_cache_dir_and_stamp_carry_flavour_and_arch(sandbox):
@@ -253,7 +261,7 @@ def test_whole_setup_with_a_fake_pip(sandbox, flavor):
     assert [c['cmd'] for c in calls] == ['install', 'download', 'wheel', 'install', 'install']
     assert '-q' in calls[0]['args']   # torch already there: a quiet check
     build = calls[2]
-    assert '-std=c++20' in build['setup.py'] and 'c++14' not in build['setup.py']
+    assert f'-std={CXX_STD}' in build['setup.py'] and 'c++14' not in build['setup.py']
     if flavor == 'cuda':
         assert build['env'] == dict(MMCV_WITH_OPS='1', FORCE_CUDA='1', CUDA_VISIBLE_DEVICES=None,
                                     TORCH_CUDA_ARCH_LIST='8.0;9.0')

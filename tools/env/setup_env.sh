@@ -48,7 +48,7 @@ case "$FLAVOR_WANTED" in auto | cpu | cuda) ;; *) die "AA_DET_FLAVOR must be aut
 MMCV_VER=$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
 [ -n "$MMCV_VER" ] || die "no 'mmcv==X' pin in $CONSTRAINTS"
 TORCH_PIN=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")   # empty: torch not pinned
-KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
+KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/requirements/runtime.txt" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
 STAMP="$VENV/.aa_det_env"   # line 1: "<KEY> <flavour> <arch>"; line 2: "wheel=<cached wheel dir>"
 PY_TAG=                     # set by read_venv
 

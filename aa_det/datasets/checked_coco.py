@@ -25,7 +25,7 @@ from mmdet.datasets import CocoDataset
 from mmdet.registry import DATASETS
 from mmengine.logging import print_log
 
-from ..engine.runner import ConfigError
+from ..engine.errors import ConfigError
 
 
 @contextmanager

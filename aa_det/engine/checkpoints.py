@@ -17,7 +17,7 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
-from .runner import ConfigError
+from .errors import ConfigError
 
 # Keys that may differ when ``load_from`` fine-tunes a detector to other classes: the
 # classification layers of the detection heads (RetinaNet's ``retina_cls``, the FCOS /

@@ -11,7 +11,7 @@ import torch
 from mmdet.engine.hooks import CheckInvalidLossHook
 from mmdet.registry import HOOKS
 
-from .runner import ConfigError
+from .errors import ConfigError
 
 
 class NonFiniteLossError(ConfigError):

@@ -31,7 +31,7 @@ from mmdet.registry import DATASETS, MODELS
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from .runner import ConfigError
+from .errors import ConfigError
 
 _CATEGORIES = re.compile(rb'"categories"\s*:\s*')
 

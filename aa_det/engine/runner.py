@@ -11,9 +11,9 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-
-class ConfigError(ValueError):
-    """A config or a file it points at is unusable; the message names it."""
+from .checkpoints import check_checkpoint_fits, check_run_checkpoint
+from .errors import ConfigError
+from .model_checks import check_model_config
 
 
 def _replace_type(cfg, old: str, new: str):
@@ -184,10 +184,9 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     training, anything with ``partial_load=True``. An auto-resume whose latest
     checkpoint is unusable resumes from the newest usable one.
     """
-    from .checkpoints import check_checkpoint_fits, check_run_checkpoint
     check_datasets(cfg, splits)
     check_pretrained(cfg)
-    from .model_checks import check_model_config; check_model_config(cfg, splits)  # noqa: E702
+    check_model_config(cfg, splits)
     checkpoint = check_run_checkpoint(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the

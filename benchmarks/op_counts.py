@@ -6,10 +6,14 @@ backbone forward + backward (``sum of the outputs' means``) under bf16 autocast,
 ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the CUDA path picks,
 run on CPU tensors. Per backbone:
 
-* ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), view ops
-  excluded (``OpOverload.is_view``: ``view``, ``transpose``, ``expand``, ``slice``, ``detach``,
-  ...: no kernel on a GPU). Every other op is one or more kernel launches on CUDA; at these
-  sizes on an H100 each costs ~10-20 us beyond its arithmetic.
+* ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), except those
+  that launch no kernel on a GPU: views (``OpOverload.is_view``: ``view``, ``transpose``,
+  ``expand``, ``slice``, ``detach``, ...), allocations (``empty*``) and ops returning no
+  tensor (``promote_types``). Every other op is one or more kernel launches on CUDA; at
+  these sizes on an H100 each costs ~10-20 us beyond its arithmetic. The CPU has no fused
+  kernel for the folded AA attention (its value head dim differs from the key's), so
+  ``F.scaled_dot_product_attention`` is counted as CUDA runs it: one op forward, one
+  backward (a custom op wrapping the CPU's math kernel, with SDPA's FLOP formulas).
 * ``GFLOP``: ``torch.utils.flop_counter.FlopCounterMode`` (GEMMs, convolutions, SDPA).
 * ``non-GEMM GiB``: bytes read + written by the ops that are not GEMMs, convolutions or
   attention (casts, copies, pads, concatenations, norms, elementwise): memory traffic.
@@ -28,9 +32,11 @@ import weakref
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+from torch.utils.flop_counter import (FlopCounterMode, register_flop_formula, sdpa_backward_flop_count,  # noqa: E402
+                                      sdpa_flop_count)
 
 BACKBONES = {
     'ResNet-50': dict(type='ResNet', depth=50),
@@ -40,6 +46,54 @@ BACKBONES = {
 #: ops whose cost is arithmetic, not memory traffic
 GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backward', 'mkldnn_convolution',
             '_scaled_dot_product', 'matmul', 'linear')
+
+
+NO_KERNEL_OPS = ('detach', '_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty')
+_sdpa = F.scaled_dot_product_attention
+
+
+@torch.library.custom_op('aa_bench::fused_sdpa', mutates_args=())
+def fused_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """SDPA as one op, as CUDA's fused kernels run it (computed by the CPU's math kernel)."""
+    return _sdpa(q, k, v, scale=scale)
+
+
+@torch.library.custom_op('aa_bench::fused_sdpa_backward', mutates_args=())
+def fused_sdpa_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Its backward as one op (the math kernel's formulas, in float32)."""
+    dtype, (g, q, k, v) = q.dtype, (t.float() for t in (grad, q, k, v))
+    p = (q @ k.transpose(-1, -2) * scale).softmax(-1)  # [B, Nh, N, N]
+    dp = g @ v.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return tuple(t.to(dtype) for t in (ds @ k * scale, ds.transpose(-1, -2) @ q * scale, p.transpose(-1, -2) @ g))
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.scale = inputs[3]
+
+
+def _backward(ctx, grad):
+    return (*fused_sdpa_backward(grad, *ctx.saved_tensors, ctx.scale), None)
+
+
+fused_sdpa.register_autograd(_backward, setup_context=_setup_context)
+
+
+@register_flop_formula(torch.ops.aa_bench.fused_sdpa)
+def _fused_sdpa_flops(q_shape, k_shape, v_shape, *args, **kwargs):
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+@register_flop_formula(torch.ops.aa_bench.fused_sdpa_backward)
+def _fused_sdpa_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs):
+    return sdpa_backward_flop_count(grad_shape, q_shape, k_shape, v_shape)
+
+
+def _counted_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    assert attn_mask is None and dropout_p == 0 and not is_causal and not kwargs
+    return fused_sdpa(q, k, v, q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def _tensors(tree):
@@ -78,9 +132,9 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.is_view or func.__name__ in ('detach.default', '_unsafe_view.default'):
-            return out
         name = func.__name__.split('.')[0]
+        if func.is_view or name in NO_KERNEL_OPS or not _tensors(out):
+            return out
         self.ops[name] += 1
         if not name.startswith(GEMM_OPS):
             self.bytes[name] += sum(t.numel() * t.element_size() for t in _tensors((args, kwargs, out)))
@@ -100,10 +154,13 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
     model.train()
     x = torch.randn(batch, 3, size, size)
     counter, flops = OpCounter(), FlopCounterMode(display=False)
+    if policy == 'cuda':
+        F.scaled_dot_product_attention = _counted_sdpa
     with force_policy(policy), flops, counter:
         with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
             feats = model(x)
         sum(f.float().mean() for f in feats).backward()
+    F.scaled_dot_product_attention = _sdpa
     return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),
                 bytes=sum(counter.bytes.values()), peak=counter.peak, table=counter.ops,
                 bytes_table=counter.bytes)

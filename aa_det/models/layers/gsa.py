@@ -98,8 +98,8 @@ class _AxialRelativeAttention(torch.autograd.Function):
         q, v, emb32 = ctx.saved_tensors
         G, chunk, emb = v.shape[0], ctx.chunk, emb32.to(q.dtype)
         dqs, dvs, demb = [], [], None
-        for s in range(0, G, chunk):
-            qs, vs, gs = q[:, s:s + chunk], v[s:s + chunk], grad_out[s:s + chunk]
+        for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
+            qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, s:s + chunk], v[s:s + chunk], grad_out[s:s + chunk])
             logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
             dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
             dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]

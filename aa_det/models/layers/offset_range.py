@@ -29,6 +29,8 @@ import torch
 from mmengine.model import BaseModule
 from torch import Tensor
 
+from .kernel_policy import graph_mode
+
 _EXTRA_STATE = '_extra_state'
 
 
@@ -40,6 +42,11 @@ class TrainedOffsetRange(BaseModule):
     (a new layer, or a checkpoint written before the record existed): the whole table is
     used, as before.
 
+    While a graph is captured (``torch.compile`` with dynamic shapes, export), a learning pass
+    records into a small non-persistent buffer instead (an in-graph ``clamp_``: no guard on the
+    map size, so no recompile per size); :meth:`train` ``(False)`` and ``state_dict`` fold it
+    into the integers (one host read, outside any step).
+
     Args:
         max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
         num_axes (int): tables recorded (AA: height and width; GSA: column and row).
@@ -50,10 +57,25 @@ class TrainedOffsetRange(BaseModule):
         super().__init__()
         self.max_rel_dist = max_rel_dist
         self.trained = [-1] * num_axes
+        self.register_buffer('graph_record', torch.full((num_axes,), -1), persistent=False)
+        self.graph_recorded = False
 
     def reset(self):
         """Nothing trained (a freshly initialised table)."""
         self.trained = [-1] * len(self.trained)
+        self.graph_record.fill_(-1)
+        self.graph_recorded = False
+
+    def merge_graph_record(self):
+        """Fold what captured graphs recorded into :attr:`trained` (reads the buffer once)."""
+        if self.graph_recorded:
+            self.trained = [max(a, b) for a, b in zip(self.trained, self.graph_record.tolist())]
+            self.graph_recorded = False
+
+    def train(self, mode: bool = True):
+        if not mode:
+            self.merge_graph_record()
+        return super().train(mode)
 
     def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
         """The rows of ``table`` that the recorded range allows, and that a map of ``length``
@@ -72,6 +94,12 @@ class TrainedOffsetRange(BaseModule):
             Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
             rows (offsets ``-(m - 1) .. m - 1``); without a record ``m = min(M, length)``.
         """
+        M = self.max_rel_dist
+        if learning and graph_mode():  # a tensor record: the graph guards nothing on ``length``
+            self.graph_record[axis].clamp_(min=length - 1)
+            self.graph_recorded = True
+            m = min(M, length)
+            return table[M - m:M + m - 1]
         if learning:
             self.trained[axis] = max(self.trained[axis], length - 1)
         m = self.max_rel_dist
@@ -79,10 +107,10 @@ class TrainedOffsetRange(BaseModule):
             m = min(m, self.trained[axis] + 1)
         if length is not None:
             m = min(m, length)
-        M = self.max_rel_dist
         return table[M - m:M + m - 1]
 
     def get_extra_state(self) -> Tensor:
+        self.merge_graph_record()
         return torch.tensor(self.trained, dtype=torch.long)
 
     def set_extra_state(self, state: Tensor):

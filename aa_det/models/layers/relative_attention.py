@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype
-from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, kernel_device, kernel_dtype
+from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype
 
 __all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_index', 'relative_embeddings', 'attention_reference',
            'attention_materialized', 'attention_blocked', 'attention_sdpa_folded', 'choose_impl',
@@ -95,6 +95,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     else:  # offsets beyond M - 1 clip to the end rows
         pad = length - M
         rows = torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
+    if graph_mode():  # unfold specialises a captured graph on its size argument; a gather does not
+        return rows[relative_index(length, length, rows.device)]
     return rows.unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
 
 

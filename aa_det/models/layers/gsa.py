@@ -212,6 +212,12 @@ class GlobalSelfAttention2d(BaseModule):
             training reached (:class:`TrainedOffsetRange`). Defaults to 64.
         norm_cfg (dict): norm between the column and row sub-layers.
             Defaults to ``dict(type='BN')``.
+        axial_mean (bool): not in the paper: divide the column sub-layer's sum
+            over ``i`` by ``H`` and the row sub-layer's by ``W``, so positional
+            attention averages over its axis as content attention averages over
+            positions (its softmax), and neither branch grows with the map size
+            (docs/design.md, "GSA off its training conditions"). Defaults to
+            False: eq. (7) sums.
         init_cfg (dict, optional): mmengine init config.
     """
 
@@ -229,6 +235,7 @@ class GlobalSelfAttention2d(BaseModule):
                  components: Sequence[str] = GSA_COMPONENTS,
                  max_rel_dist: int = 64,
                  norm_cfg: dict = dict(type='BN'),
+                 axial_mean: bool = False,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
         key_channels = in_channels if key_channels is None else key_channels
@@ -247,7 +254,7 @@ class GlobalSelfAttention2d(BaseModule):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.key_channels, self.num_heads, self.stride = key_channels, num_heads, stride
         self.head_dim = key_channels // num_heads
-        self.components = components
+        self.components, self.axial_mean = components, axial_mean
         self.qkv = nn.Conv2d(in_channels, 2 * key_channels + out_channels, 1, bias=False)
         if 'column' in components:
             self.rel_col = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
@@ -296,10 +303,14 @@ class GlobalSelfAttention2d(BaseModule):
         pos = v
         if 'column' in self.components:
             pos = column_attention(q, pos, self.relative_table('column', H))  # [B, Nh, dvh, H, W]
+            if self.axial_mean:
+                pos = pos / H
             if 'row' in self.components:
                 pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         if 'row' in self.components:
             pos = row_attention(q, pos, self.relative_table('row', W))
+            if self.axial_mean:
+                pos = pos / W
         if pos is not v:
             out = out + pos
         out = out.reshape(B, self.out_channels, H, W)
@@ -341,9 +352,13 @@ class GlobalSelfAttention2d(BaseModule):
             emb = table_col[relative_index(H, (table_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
             # column weights of every pixel (x_p, j) of the query's row, over rows i
             col = torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb)  # [B, Nh, P, H, W]
+            if self.axial_mean:
+                col = col / H
         if 'row' in self.components:
             emb = table_row[relative_index(W, (table_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
             row = torch.einsum('bnkp,pjk->bnpj', q_p, emb)  # [B, Nh, P, W]
+            if self.axial_mean:
+                row = row / W
         if col is not None and row is not None:
             maps['positional'] = col * row[:, :, :, None, :]
         elif col is not None:  # column only: the query's own column

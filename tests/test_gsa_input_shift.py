@@ -1,0 +1,43 @@
+"""GSA off its training conditions (issue 20): the ``axial_mean`` option, and a short-trained
+GSA-ResNet evaluated at twice its training size."""
+import pytest
+import torch
+
+from aa_det.models.layers import GlobalSelfAttention2d
+
+
+@pytest.mark.parametrize('components, axis', [(('column',), -2), (('row',), -1)])
+def test_axial_mean_divides_the_axial_sum_by_the_axis_length(components, axis):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=components).double()
+    mean = GlobalSelfAttention2d(8, 8, num_heads=2, components=components, axial_mean=True).double()
+    mean.load_state_dict(gsa.state_dict())
+    torch.testing.assert_close(mean(x) * x.shape[axis], gsa(x))
+
+
+def test_axial_mean_keeps_the_output_scale_across_sizes():
+    """Constant input and tables: the averaged positional branch is the same at 8x8 and 32x32,
+    the summed one grows with H * W."""
+    torch.manual_seed(0)
+    for axial_mean, ratio in ((False, 16.0), (True, 1.0)):
+        gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'),
+                                    axial_mean=axial_mean).double().eval()
+        with torch.no_grad():
+            gsa.rel_col.fill_(1.0)
+            gsa.rel_row.fill_(1.0)
+        small, large = (gsa(torch.ones(1, 8, s, s, dtype=torch.float64)) for s in (8, 32))
+        torch.testing.assert_close(large.abs().mean() / small.abs().mean(),
+                                   torch.tensor(ratio, dtype=torch.float64))
+
+
+def test_axial_mean_attention_weights_reproduce_the_outputs():
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
+    queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'),
+                                axial_mean=True).double().eval()
+    _, _, v = gsa.qkv_heads(x)
+    maps = gsa.attention_weights(x, queries)['positional']
+    expected = torch.einsum('bnpij,bncij->bncp', maps, v).reshape(1, 8, 3) / (1 + gsa.norm_col.eps) ** 0.5
+    torch.testing.assert_close(gsa(x)[0, :, queries[:, 0], queries[:, 1]], expected[0])

@@ -42,10 +42,12 @@ class TrainedOffsetRange(BaseModule):
     (a new layer, or a checkpoint written before the record existed): the whole table is
     used, as before.
 
-    While a graph is captured (``torch.compile`` with dynamic shapes, export), a learning pass
-    records into a small non-persistent buffer instead (an in-graph ``clamp_``: no guard on the
-    map size, so no recompile per size); :meth:`train` ``(False)`` and ``state_dict`` fold it
-    into the integers (one host read, outside any step).
+    While a graph is captured (``torch.compile`` with dynamic shapes, export), nothing depends on
+    the map's length: a learning pass records into a small non-persistent buffer (an in-graph
+    ``clamp_``, so no guard and no recompile per size) and keeps the whole table; other passes
+    crop to the record only (the kernels clip larger offsets by an index, so an exported model
+    is right at any size). :meth:`train` ``(False)`` and ``state_dict`` fold the buffer into the
+    integers (one host read, outside any step).
 
     Args:
         max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
@@ -88,17 +90,20 @@ class TrainedOffsetRange(BaseModule):
                 ``requires_grad``): ``length`` widens the record first.
             length (int, optional): the map's length along ``axis``; needed when learning.
                 Offsets beyond ``length - 1`` do not occur in the map, so their rows are cut
-                too (one slice: a map never reads a row it does not need).
+                too (one slice: a map never reads a row it does not need), except while a
+                graph is captured.
 
         Returns:
             Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
             rows (offsets ``-(m - 1) .. m - 1``); without a record ``m = min(M, length)``.
         """
         M = self.max_rel_dist
-        if learning and graph_mode():  # a tensor record: the graph guards nothing on ``length``
-            self.graph_record[axis].clamp_(min=length - 1)
-            self.graph_recorded = True
-            m = min(M, length)
+        if graph_mode():  # nothing depends on ``length``: no guard, no size baked into the graph
+            if learning:  # a tensor record
+                self.graph_record[axis].clamp_(min=length - 1)
+                self.graph_recorded = True
+                return table
+            m = M if self.trained[axis] < 0 else min(M, self.trained[axis] + 1)
             return table[M - m:M + m - 1]
         if learning:
             self.trained[axis] = max(self.trained[axis], length - 1)

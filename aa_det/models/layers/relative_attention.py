@@ -88,6 +88,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
     M = (table.shape[0] + 1) // 2
+    if graph_mode():  # no branch on ``length`` and no unfold (its size would be baked in): a gather
+        return table[relative_index(length, M, table.device)]
     if length == M:  # the tables the layers pass (TrainedOffsetRange.crop): no further view
         rows = table  # [2L - 1, d]: offsets -(L - 1) .. L - 1
     elif length < M:
@@ -95,8 +97,6 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     else:  # offsets beyond M - 1 clip to the end rows
         pad = length - M
         rows = torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
-    if graph_mode():  # unfold specialises a captured graph on its size argument; a gather does not
-        return rows[relative_index(length, length, rows.device)]
     return rows.unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
 
 

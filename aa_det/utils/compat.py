@@ -66,3 +66,11 @@ def is_capturing_graph() -> bool:
     if TORCH_VERSION >= (2, 3):
         return torch.compiler.is_compiling()
     return torch._dynamo.is_compiling()
+
+
+def eye(n: int, m: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """``torch.eye(n, m)`` in ``dtype``: one op, except where the CPU has no low-precision ``eye``
+    (torch 2.1 - 2.3 for bfloat16 / float16: float32, then a cast)."""
+    if TORCH_VERSION < (2, 4) and torch.device(device).type == 'cpu' and dtype in (torch.bfloat16, torch.float16):
+        return torch.eye(n, m, device=device).to(dtype)
+    return torch.eye(n, m, dtype=dtype, device=device)

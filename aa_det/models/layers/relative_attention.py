@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ...utils.compat import autocast_dtype
+from ...utils.compat import autocast_dtype, eye
 from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype
 
 __all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_index', 'relative_embeddings', 'attention_reference',
@@ -333,8 +333,8 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     else:
         pad = -(d + H + W) % 8
         rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
-        one_h = torch.eye(H, dtype=dtype, device=q.device)[:, None, :]  # [H, 1, H]: onehot(h_j)
-        one_w = torch.eye(W, W + pad, dtype=dtype, device=q.device)  # [W, W + pad]: onehot(w_j), zeros
+        one_h = eye(H, H, dtype, q.device)[:, None, :]  # [H, 1, H]: onehot(h_j)
+        one_w = eye(W, W + pad, dtype, q.device)  # [W, W + pad]: onehot(w_j), zeros
         if dtype == torch.float16:
             scale = _fp16_fold_scale(rel_h, rel_w)
             rel_h, rel_w = rel_h / scale, rel_w / scale

@@ -67,8 +67,10 @@ def _export(model, channels, path, dynamo, scale=1):
         dims = {2: Dim('H', min=2, max=4096), 3: Dim('W', min=2, max=4096)}
         torch.onnx.export(model, (x,), path, dynamo=True, input_names=['x'], dynamic_shapes={'x': dims})
     else:
-        torch.onnx.export(model, (x,), path, dynamo=False, input_names=['x'], output_names=['y'], opset_version=17,
-                          dynamic_axes={'x': {2: 'H', 3: 'W'}, 'y': {2: 'H', 3: 'W'}})
+        # the TorchScript exporter: torch.onnx.export's default before torch 2.9; `dynamo=` exists from 2.5
+        legacy = {} if TORCH_VERSION < (2, 5) else {'dynamo': False}
+        torch.onnx.export(model, (x,), path, input_names=['x'], output_names=['y'], opset_version=17,
+                          dynamic_axes={'x': {2: 'H', 3: 'W'}, 'y': {2: 'H', 3: 'W'}}, **legacy)
 
 
 @pytest.mark.parametrize('dynamo', [False, pytest.param(True, marks=DYNAMO)])

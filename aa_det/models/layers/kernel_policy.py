@@ -99,7 +99,12 @@ def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dty
       stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
     * While a graph is captured (:func:`graph_mode`), 'sdpa' on every device: one fused op,
       no loop over query blocks whose count depends on the map size.
+    * In the TorchScript ONNX exporter, 'materialized': ONNX has no fused attention, so the
+      exporter would decompose SDPA into the same matmuls and softmax, with ``H + W`` more
+      head dims (and torch 2.1's SDPA symbolic fails on an explicit ``scale``).
     """
+    if torch.onnx.is_in_onnx_export():
+        return 'materialized'
     if device_type == 'cuda':
         if amp_dtype in (torch.float16, torch.bfloat16):
             return 'sdpa'

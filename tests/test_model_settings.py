@@ -50,6 +50,22 @@ def test_dcn_wins_over_the_attention_configs_conv_cfg():
     assert type(model.layer4[0].conv2.conv).__name__ == 'DeformConv2dPack'
 
 
+@pytest.mark.parametrize('fallback', [False, True])
+def test_dcn_fallback_on_stride_as_in_mmdets_resnet(fallback):
+    """``fallback_on_stride``: AA's convolutional half is a DCN exactly where mmdet's ResNet with the
+    same ``dcn`` has a DCN ``conv2``, and a plain conv (the block's ``conv_cfg``) where it falls back."""
+    def build(cfg):
+        return MODELS.build(dict(cfg, depth=50, base_channels=8, stage_with_dcn=(False, True, True, True),
+                                 dcn=dict(type='DCN', deform_groups=1, fallback_on_stride=fallback)))
+
+    resnet, aa = build(dict(type='ResNet')), build(TINY_AA)
+    stages = [(getattr(resnet, name), getattr(aa, name)) for name in aa.res_layers[1:]]
+    kinds = [(type(r.conv2).__name__, type(a.conv2.conv).__name__) for rs, as_ in stages for r, a in zip(rs, as_)]
+    assert all(r == a for r, a in kinds), kinds
+    assert ('Conv2d', 'Conv2d') in kinds if fallback else all(a == 'DeformConv2dPack' for _, a in kinds)
+    assert aa(torch.rand(1, 3, 128, 128))[-1].shape[1] == aa.feat_dim  # DCN needs maps >= its 3x3
+
+
 def test_gsa_resnet_takes_conv_cfg_for_its_convs():
     model = MODELS.build(dict(type='GSAResNet', depth=26, base_channels=8, attention=dict(num_heads=2), **WS_GN))
     assert type(model.stem[0] if hasattr(model, 'stem') else model.conv1) is ConvWS2d

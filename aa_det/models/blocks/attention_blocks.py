@@ -7,8 +7,9 @@ mmdet's ``Bottleneck`` / ``BasicBlock`` with one conv built from an explicit ``a
 Every other part is mmdet's: ``conv1 .. norm3`` and their checkpoint keys, ``downsample``,
 ``with_cp``, ``zero_init_residual``, and ``plugins`` (which run around ``conv2`` as in any
 Bottleneck). ``conv_cfg`` (e.g. mmdet's ``dict(type='ConvWS')``) and ``dcn`` stay free: the block's
-``dcn``, else the attention config's own ``conv_cfg``, else the block's ``conv_cfg`` builds the
-convolutional part of an ``AAConv`` (``concat[DCN(X), MHA(X)]``); a ``GSA`` module has none.
+``dcn`` (unless its ``fallback_on_stride`` is true, as for mmdet's ``conv2``), else the attention
+config's own ``conv_cfg``, else the block's ``conv_cfg`` builds the convolutional part of an
+``AAConv`` (``concat[DCN(X), MHA(X)]``); a ``GSA`` module has none.
 
 Example:
     >>> import torch
@@ -36,7 +37,9 @@ def attention_layer_cfg(attention: dict, conv_cfg: Optional[dict], dcn: Optional
         attention (dict): conv-layer config of the attention layer.
         conv_cfg (dict, optional): the block's ``conv_cfg``; the attention config's own
             ``conv_cfg`` wins over it.
-        dcn (dict, optional): the block's ``dcn``; wins over both, as in mmdet's ``Bottleneck``.
+        dcn (dict, optional): the block's ``dcn``; wins over both unless its
+            ``fallback_on_stride`` is true, as in mmdet's ``Bottleneck`` (whose
+            ``conv2`` is then built by ``conv_cfg``).
 
     Returns:
         dict: a copy of ``attention``.
@@ -44,7 +47,7 @@ def attention_layer_cfg(attention: dict, conv_cfg: Optional[dict], dcn: Optional
     attention = dict(attention)
     if attention['type'] not in ('AAConv', AAConv2d):
         return attention
-    if dcn is not None:
+    if dcn is not None and not dcn.get('fallback_on_stride', False):
         attention['conv_cfg'] = {k: v for k, v in dcn.items() if k != 'fallback_on_stride'}
     elif conv_cfg is not None:
         attention.setdefault('conv_cfg', conv_cfg)
@@ -61,14 +64,16 @@ class AttentionBottleneck(Bottleneck):
             ``dict(type='AAConv', ...)`` or ``dict(type='GSA', ...)``.
         **kwargs: every argument of mmdet's ``Bottleneck`` (``stride``,
             ``dilation``, ``downsample``, ``style``, ``with_cp``, ``conv_cfg``,
-            ``norm_cfg``, ``dcn``, ``plugins``, ``init_cfg``). ``dcn``, else
-            ``conv_cfg``, builds the attention layer's convolutional part
-            (:func:`attention_layer_cfg`).
+            ``norm_cfg``, ``dcn``, ``plugins``, ``init_cfg``). ``dcn`` (unless
+            its ``fallback_on_stride`` is true), else ``conv_cfg``, builds the
+            attention layer's convolutional part (:func:`attention_layer_cfg`).
     """
 
     def __init__(self, inplanes: int, planes: int, attention: dict, **kwargs):
+        # read before mmdet's Bottleneck pops ``fallback_on_stride`` from it
+        dcn = dict(kwargs['dcn']) if kwargs.get('dcn') is not None else None
         super().__init__(inplanes, planes, **kwargs)
-        attention = attention_layer_cfg(attention, self.conv_cfg, self.dcn)
+        attention = attention_layer_cfg(attention, self.conv_cfg, dcn)
         self.conv2 = build_conv_layer(attention, planes, planes, 3, stride=self.conv2_stride,
                                       padding=self.dilation, dilation=self.dilation, bias=False)
 

@@ -161,6 +161,40 @@ def test_num_classes_checked_for_test_only(tiny_shapes):
         build_runner(cfg, splits=('test',))
 
 
+def _mmdet_config(root, base, **extra):
+    """A config file with mmdet's config ``base`` as its ``_base_`` (as a user writes it), on the
+    tiny shapes dataset and its 3 classes."""
+    split = {'train': 'train', 'val': 'val', 'test': 'val'}
+    options = {f'{s}_dataloader.dataset.{k}': v for s in split for k, v in (
+        ('data_root', f'{root}/'), ('ann_file', f'annotations/instances_{split[s]}.json'),
+        ('data_prefix', dict(img=f'{split[s]}/')), ('metainfo', dict(classes=('circle', 'square', 'triangle'))))}
+    options.update({f'{s}_evaluator.ann_file': f'{root}/annotations/instances_val.json' for s in ('val', 'test')})
+    path = root / osp.basename(base)
+    path.write_text(f'_base_ = {base!r}\n')
+    return load_config(str(path), cfg_options=dict(options, **extra))
+
+
+@pytest.mark.parametrize('base, bbox_heads, key', [
+    ('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', ['model.roi_head.bbox_head.num_classes'],
+     r'model.roi_head.mask_head.num_classes=80'),
+    ('mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py',
+     [f'model.roi_head.bbox_head.{i}.num_classes' for i in range(3)], r'model.roi_head.mask_head\[0\].num_classes=80'),
+])
+def test_mask_head_num_classes_other_than_the_datasets_classes(tiny_shapes, base, bbox_heads, key):
+    """mmdet's Mask R-CNN / HTC (a list of mask heads) with the bbox heads set to the 3 classes and
+    the mask heads left at COCO's 80."""
+    cfg = _mmdet_config(tiny_shapes, base, **{k: 3 for k in bbox_heads})
+    with pytest.raises(ConfigError, match=f'^{key} but train_dataloader.dataset.metainfo.classes gives 3 classes'):
+        build_runner(cfg)
+    check_model_config(_mmdet_config(tiny_shapes, base, **{k: 3 for k in bbox_heads},
+                                     **{k.replace('bbox_head', 'mask_head'): 3 for k in bbox_heads}))
+
+
+def test_class_agnostic_mask_head_is_not_checked(tiny_shapes):
+    check_model_config(_mmdet_config(tiny_shapes, 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', **{
+        'model.roi_head.bbox_head.num_classes': 3, 'model.roi_head.mask_head.class_agnostic': True}))
+
+
 def test_class_names_not_in_the_annotation_file(tiny_shapes):
     classes = ('circle', 'square', 'triangle', 'star', 'hexagon')
     cfg = _cfg(tiny_shapes, **{'model.bbox_head.num_classes': 5},

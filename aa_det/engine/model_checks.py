@@ -12,8 +12,9 @@ against the data, and its parts against each other.
   classes when the config sets none) missing from the annotation file's
   ``categories`` or in another order (mmdet would skip them, or number the labels
   in the file's order and name them in the config's);
-* ``num_classes`` of ``model.bbox_head`` / ``model.roi_head.bbox_head`` other than
-  the number of those classes.
+* ``num_classes`` of ``model.bbox_head`` / ``model.roi_head.bbox_head`` /
+  ``model.roi_head.mask_head`` (each also a list, as in cascades; class-agnostic mask
+  heads aside) other than the number of those classes.
 
 The ``categories`` of an annotation file are read without parsing the file: they
 are found from its end (where COCO files keep them) in a memory map, then a bounded
@@ -86,14 +87,18 @@ def _leaf_datasets(dataset: dict, path: str) -> Iterator[Tuple[dict, str]]:
 
 
 def _num_classes_keys(model: dict) -> Iterator[Tuple[str, int]]:
-    """``(config key, value)`` of every class-aware head's ``num_classes``."""
+    """``(config key, value)`` of every class-aware head's ``num_classes``: ``model.bbox_head``,
+    and ``model.roi_head.bbox_head`` / ``mask_head`` (a dict, or a list of them in a cascade);
+    a ``class_agnostic`` mask head predicts one mask for every class and is skipped."""
     if isinstance(model.get('bbox_head'), dict) and 'num_classes' in model.bbox_head:
         yield 'model.bbox_head.num_classes', model.bbox_head.num_classes
-    heads = (model.get('roi_head') or {}).get('bbox_head')
-    for i, head in enumerate(heads if isinstance(heads, (list, tuple)) else [heads]):
-        if isinstance(head, dict) and 'num_classes' in head:
-            index = f'[{i}]' if isinstance(heads, (list, tuple)) else ''
-            yield f'model.roi_head.bbox_head{index}.num_classes', head['num_classes']
+    roi_head = model.get('roi_head') or {}
+    for name in ('bbox_head', 'mask_head'):
+        heads = roi_head.get(name)
+        for i, head in enumerate(heads if isinstance(heads, (list, tuple)) else [heads]):
+            if isinstance(head, dict) and 'num_classes' in head and not head.get('class_agnostic'):
+                index = f'[{i}]' if isinstance(heads, (list, tuple)) else ''
+                yield f'model.roi_head.{name}{index}.num_classes', head['num_classes']
 
 
 def check_classes(cfg: Config, splits=('train', 'val', 'test')):

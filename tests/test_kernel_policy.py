@@ -84,7 +84,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
     ref = [t.detach() for t in _grads(ra.attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
     ran = []
     real = ra.attention_sdpa_folded
-    monkeypatch.setattr(ra, 'attention_sdpa_folded', lambda *a: ran.append(a[-1]) or real(*a))
+    monkeypatch.setattr(ra, 'attention_sdpa_folded', lambda *a: ran.append(a[7]) or real(*a))  # its dtype
     qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
     ths, tws = (t.float().requires_grad_() for t in (th, tw))
     with force_policy('cuda'), torch.autocast('cpu', dtype=dtype):
@@ -192,3 +192,20 @@ def test_cpu_policy_is_unchanged_by_the_switch():
     """Production on the CPU: the blocked kernel in float32 and cache-sized axial chunks."""
     assert choose_impl(kernel_device('cpu'), 10 ** 12, torch.bfloat16) == 'blocked'
     assert axial_chunk_elems('cpu') < CUDA_AXIAL_ELEMS
+
+
+@pytest.mark.parametrize('M', [12, 5])  # tables covering the map, and shorter (clipped offsets)
+def test_skewed_relative_logits_equal_the_gathered_ones(M):
+    """The CUDA path's relative logits (one GEMM, two strided views, one backward write) give the
+    values and gradients (q and both tables) of the per-row GEMMs, in float64."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 9, 7, 4, dtype=torch.float64, generator=g)
+    th, tw = (torch.randn(2 * M - 1, 4, dtype=torch.float64, generator=g) for _ in range(2))
+    gh, gw = torch.randn(2, 3, 9, 7, 9, dtype=torch.float64), torch.randn(2, 3, 9, 7, 7, dtype=torch.float64)
+    results = []
+    for fn in (ra.relative_logits_5d, ra.relative_logits_skewed):
+        inputs = [t.clone().requires_grad_() for t in (q, th, tw)]
+        rel_h, rel_w = fn(*inputs)
+        results.append([rel_h, rel_w, *torch.autograd.grad((rel_h * gh).sum() + (rel_w * gw).sum(), inputs)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)

@@ -201,8 +201,9 @@ class AAConv2d(BaseModule):
             x = coord_channels(x)
         return x
 
-    def qkv_heads(self, x: Tensor):
-        """Scaled queries, keys and values per head from the attention input.
+    def qkv_heads(self, x: Tensor, scaled: bool = True):
+        """Queries (scaled by ``dkh ** -0.5`` unless ``scaled=False``), keys and values per head
+        from the attention input.
 
         Returns:
             tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
@@ -214,12 +215,14 @@ class AAConv2d(BaseModule):
         def heads(t):
             return t.reshape(B, Nh, -1, h * w).transpose(-1, -2)  # [B, Nh, hw, d]
 
-        return heads(q) * self.head_dim ** -0.5, heads(k), heads(v), (h, w)
+        q = heads(q) * self.head_dim ** -0.5 if scaled else heads(q)
+        return q, heads(k), heads(v), (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
-        q, k, v, (h, w) = self.qkv_heads(self._attention_input(x))
-        attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl)  # [B, Nh, hw, dvh]
+        q, k, v, (h, w) = self.qkv_heads(self._attention_input(x), scaled=False)  # the kernel scales
+        attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
+                                  scale=self.head_dim ** -0.5)  # [B, Nh, hw, dvh]
         attn = attn.transpose(-1, -2).reshape(x.shape[0], self.value_channels, h, w)
         attn = self.proj(attn)  # [B, dv, h, w]
         if (h, w) != out_size:

@@ -38,6 +38,7 @@ which takes the autocast dtype: its logits, softmax and accumulation stay float3
 the kernel (as PyTorch's own SDPA under AMP), so low-precision inputs bring tensor cores
 without the fp16 overflow of materialised fp16 logits.
 """
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -49,9 +50,9 @@ from torch.autograd.function import once_differentiable
 from ...utils.compat import autocast_dtype, eye
 from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype
 
-__all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_index', 'relative_embeddings', 'attention_reference',
-           'attention_materialized', 'attention_blocked', 'attention_sdpa_folded', 'choose_impl',
-           'kernel_dtype', 'init_relative_table']
+__all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_logits_skewed',
+           'relative_index', 'relative_embeddings', 'relative_rows', 'attention_reference', 'attention_materialized',
+           'attention_blocked', 'attention_sdpa_folded', 'choose_impl', 'kernel_dtype', 'init_relative_table']
 
 #: Default bound on ``B * Nh * queries * keys`` logits the 'blocked' kernel holds at once (the
 #: CPU policy's, 16 MiB in fp32). A smaller bound would make small maps (20x20, batch 2) pay
@@ -87,17 +88,29 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     Returns:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
-    M = (table.shape[0] + 1) // 2
     if graph_mode():  # no branch on ``length`` and no unfold (its size would be baked in): a gather
-        return table[relative_index(length, M, table.device)]
+        return table[relative_index(length, (table.shape[0] + 1) // 2, table.device)]
+    return relative_rows(table, length).unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
+
+
+def relative_rows(table: Tensor, length: int) -> Tensor:
+    """The rows of ``table`` for offsets ``-(L - 1) .. L - 1``, the end rows repeated where
+    ``L`` exceeds the table (clipped offsets).
+
+    Args:
+        table (Tensor): ``[2M - 1, d]``.
+        length (int): ``L``.
+
+    Returns:
+        Tensor: ``[2L - 1, d]``, a view of ``table`` unless ``L > M``.
+    """
+    M = (table.shape[0] + 1) // 2
     if length == M:  # the tables the layers pass (TrainedOffsetRange.crop): no further view
-        rows = table  # [2L - 1, d]: offsets -(L - 1) .. L - 1
-    elif length < M:
-        rows = table[M - length:M + length - 1]
-    else:  # offsets beyond M - 1 clip to the end rows
-        pad = length - M
-        rows = torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
-    return rows.unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
+        return table
+    if length < M:
+        return table[M - length:M + length - 1]
+    pad = length - M  # offsets beyond M - 1 clip to the end rows
+    return torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
 
 
 def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -129,6 +142,55 @@ def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
     rel_w = torch.bmm(qw, relative_embeddings(table_w, W).transpose(1, 2))  # [W (w_i), B * Nh * H, W]
     return (rel_h.view(H, B, Nh, W, H).permute(1, 2, 0, 3, 4),
             rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4))
+
+
+def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`relative_logits_5d` as two strided views of one GEMM: what the fused CUDA path uses.
+
+    ``q`` meets the rows of both tables for every offset ``-(H - 1) .. H - 1`` and
+    ``-(W - 1) .. W - 1`` in one product (``2H + 2W - 2`` columns, about twice the ``H + W``
+    used: few next to the attention's ``HW``); query ``(h_i, w_i)`` reads its ``H`` (``W``)
+    offsets ``h - h_i`` at columns ``h - h_i + H - 1``, a window that moves one column back per
+    query row, which a stride of ``row stride - 1`` expresses without a copy (the skew of Huang
+    et al., 2018, as a view). Three ops in the forward (tables, ``q`` in their dtype, the GEMM)
+    instead of six, whatever the map size. Eager only: ``as_strided`` views bake sizes into a
+    captured graph, which takes :func:`relative_logits_5d`.
+
+    Args:
+        q (Tensor): ``[B, Nh, H, W, d]`` queries.
+        table_h (Tensor): ``[2 * Mh - 1, d]`` height embeddings.
+        table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, H, W, H]`` and ``rel_w`` ``[B, Nh, H, W, W]``,
+        as :func:`relative_logits_5d`, computed in the tables' dtype.
+    """
+    B, Nh, H, W, d = q.shape
+    rows = torch.cat([relative_rows(table_h, H), relative_rows(table_w, W)])  # [2H - 1 + 2W - 1, d]
+    qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, 2H + 2W - 2]
+    sb, sn, sh, sw = Nh * H * W * qr.shape[1], H * W * qr.shape[1], W * qr.shape[1], qr.shape[1]
+    return _SkewedViews.apply(qr, ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), H - 1),  # col h - h_i + H - 1
+                              ((B, Nh, H, W, W), (sb, sn, sh, sw - 1, 1), 2 * H - 1 + W - 1))
+
+
+class _SkewedViews(torch.autograd.Function):
+    """``as_strided`` views of one tensor whose gradient is one tensor: the views' gradients
+    written into one zero tensor (three ops; autograd's own ``as_strided`` backward takes two
+    per view and an add)."""
+
+    @staticmethod
+    def forward(ctx, source, *geometries):
+        ctx.shape, ctx.geometries = source.shape, geometries
+        return tuple(source.as_strided(*g) for g in geometries)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        grad = next(g for g in grads if g is not None).new_zeros(ctx.shape)
+        for g, geometry in zip(grads, ctx.geometries):
+            if g is not None:
+                grad.as_strided(*geometry).copy_(g)
+        return (grad, *(None for _ in ctx.geometries))
 
 
 def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -299,15 +361,15 @@ def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
 
 def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
                           rel_w: Optional[Tensor], H: int, W: int,
-                          dtype: Optional[torch.dtype] = None) -> Tensor:
+                          dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> Tensor:
     """Relative logits folded into one fused ``scaled_dot_product_attention``.
 
     ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]``
     exactly, at the cost of ``H + W`` extra head dimensions; the fused kernels
     never store the logits. Each widened operand is one concatenation (zero columns pad
-    every head dim to a multiple of 8, which the fused kernels need; the one-hot columns
-    are two identity matrices broadcast over the pixels), so the op count does not depend
-    on the map size.
+    every head dim to a multiple of 8, which the fused kernels need; the key side's one-hot
+    and zero columns are one constant per map size and dtype, :func:`_fold_columns`, built
+    once outside a captured graph), so the op count does not depend on the map size.
 
     Args:
         q, k, v, H, W: as :func:`attention_materialized`.
@@ -318,6 +380,9 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
             as ``rel / s`` against one-hot columns of ``s``, a power of two chosen on the
             device so that ``|rel / s| <= 2^14``: exact (``s = 1`` unless the relative
             logits leave float16's range) and with no host synchronisation.
+        scale (float): every logit's factor, applied inside the fused kernel: ``q``, ``rel_h``
+            and ``rel_w`` come unscaled (``d ** -0.5``), or already scaled with 1.0.
+            Defaults to 1.0.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]`` in ``dtype``.
@@ -327,24 +392,57 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     dv = v.shape[-1]
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
-    v = _pad_last(v.to(dtype), 8)  # zeros add nothing to the output's first dv columns
+    v = v.to(dtype)
+    v = torch.cat([v, _zeros(dtype, v.device).expand(B, Nh, N, -dv % 8)], -1)  # zeros add nothing to out[.., :dv]
     if rel_h is None:
         q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
     else:
         pad = -(d + H + W) % 8
         rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
-        one_h = eye(H, H, dtype, q.device)[:, None, :]  # [H, 1, H]: onehot(h_j)
-        one_w = eye(W, W + pad, dtype, q.device)  # [W, W + pad]: onehot(w_j), zeros
+        columns = _fold_columns(H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
         if dtype == torch.float16:
-            scale = _fp16_fold_scale(rel_h, rel_w)
-            rel_h, rel_w = rel_h / scale, rel_w / scale
-            one_h, one_w = one_h * scale.to(dtype), one_w * scale.to(dtype)
-        q = torch.cat([q.view(B, Nh, H, W, d), rel_h, rel_w, q.new_zeros(()).expand(B, Nh, H, W, pad)],
+            fold = _fp16_fold_scale(rel_h, rel_w)
+            rel_h, rel_w = rel_h / fold, rel_w / fold
+            columns = columns * fold.to(dtype)
+        zeros = _zeros(dtype, q.device).expand(B, Nh, H, W, pad)
+        q = torch.cat([q.view(B, Nh, H, W, d), rel_h, rel_w, zeros],
                       dim=-1).to(dtype).view(B, Nh, N, -1)  # [B, Nh, HW, d + H + W + pad]
-        k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), one_h.expand(B, Nh, H, W, H),
-                       one_w.expand(B, Nh, H, W, W + pad)], dim=-1).view(B, Nh, N, -1)
-    out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out[..., :dv]
+
+
+def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
+    """The key side's folded columns ``[H, W, H + W + pad]``: ``onehot(h_j)``, ``onehot(w_j)``,
+    ``pad`` zeros; a constant, cached per size, dtype and device outside a captured graph
+    (no kernel launched after a size's first step)."""
+    if graph_mode():
+        return _build_fold_columns(H, W, pad, dtype, device)
+    return _cached_fold_columns(H, W, pad, dtype, torch.device(device))
+
+
+def _build_fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
+    one_h = eye(H, H, dtype, device)[:, None, :].expand(H, W, H)  # [H (h_j), W, H]
+    one_w = eye(W, W + pad, dtype, device).expand(H, W, W + pad)  # [H, W (w_j), W + pad]
+    return torch.cat([one_h, one_w], dim=-1)
+
+
+#: the folded columns of the sizes seen last (multiscale jitter: a few sizes per stage); at most
+#: a few MiB each
+_cached_fold_columns = functools.lru_cache(maxsize=32)(_build_fold_columns)
+
+
+def _zeros(dtype: torch.dtype, device) -> Tensor:
+    """A 0-d zero to expand into padding columns; cached outside a captured graph (no fill
+    kernel per call)."""
+    if graph_mode():
+        return torch.zeros((), dtype=dtype, device=device)
+    return _cached_zeros(dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_zeros(dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.zeros((), dtype=dtype, device=device)
 
 
 def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
@@ -362,7 +460,8 @@ def _pad_last(t: Tensor, multiple: int) -> Tensor:
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
                        table_w: Optional[Tensor], H: int, W: int,
                        impl: str = 'auto',
-                       block_elems: int = DEFAULT_BLOCK_ELEMS) -> Tensor:
+                       block_elems: int = DEFAULT_BLOCK_ELEMS,
+                       scale: float = 1.0) -> Tensor:
     """Multi-head 2D relative self-attention, eq. (3).
 
     Kernel and precision are chosen by the device policy and the autocast dtype
@@ -371,7 +470,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     float32 logits. ``force_policy('cuda')`` runs the CUDA choices on CPU tensors.
 
     Args:
-        q (Tensor): ``[B, Nh, HW, d]`` queries, already scaled by ``d ** -0.5``.
+        q (Tensor): ``[B, Nh, HW, d]`` queries, scaled by ``d ** -0.5`` here or by ``scale``.
         k (Tensor): ``[B, Nh, HW, d]`` keys.
         v (Tensor): ``[B, Nh, HW, dv]`` values.
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings
@@ -380,6 +479,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         impl (str): 'auto' (:func:`choose_impl`), 'blocked',
             'sdpa', 'materialized' or 'reference'. Defaults to 'auto'.
         block_elems (int): logits held at once by 'blocked'.
+        scale (float): the logits' factor: ``d ** -0.5`` for unscaled ``q``, which the fused
+            kernel applies inside (no op of its own); 1.0 for ``q`` already scaled.
+            Defaults to 1.0.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]`` in the dtype of ``v``.
@@ -394,15 +496,24 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     # the relative logits in float32 (float64 in tests), whatever the kernel's dtype
     rel_dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
+        if impl != 'sdpa' and scale != 1.0:
+            q = q * scale
         if impl == 'reference':
             tables = (None, None) if table_h is None else (table_h.to(dtype), table_w.to(dtype))
             return attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), *tables, H, W).to(out_dtype)
         rel_h = rel_w = None
         if table_h is not None:
-            rel = relative_logits_5d if impl == 'sdpa' else relative_logits_2d
-            rel_h, rel_w = rel(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype), table_w.to(rel_dtype))
+            if impl != 'sdpa':
+                rel = relative_logits_2d
+            else:  # the skewed views in eager; a captured graph takes the gathered embeddings
+                rel = relative_logits_5d if graph_mode() else relative_logits_skewed
+            q5 = q.view(*q.shape[:2], H, W, q.shape[-1])
+            if impl == 'sdpa' and not graph_mode():  # q in float32 once: the GEMM's operand and the fold's
+                q5 = packed(q5, rel_dtype)
+                q = q5.view(q.shape)
+            rel_h, rel_w = rel(q5, table_h.to(rel_dtype), table_w.to(rel_dtype))
         if impl == 'sdpa':
-            out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype)
+            out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype, scale)
         elif impl in ('blocked', 'materialized'):
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             if impl == 'blocked':

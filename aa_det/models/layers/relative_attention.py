@@ -144,7 +144,8 @@ def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
             rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4))
 
 
-def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
+def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
+                           dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """:func:`relative_logits_5d` as two strided views of one GEMM: what the fused CUDA path uses.
 
     ``q`` meets the rows of both tables for every offset ``-(H - 1) .. H - 1`` and
@@ -160,37 +161,42 @@ def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple
         q (Tensor): ``[B, Nh, H, W, d]`` queries.
         table_h (Tensor): ``[2 * Mh - 1, d]`` height embeddings.
         table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
+        dtype (torch.dtype, optional): the logits are computed in the tables' dtype and
+            rounded to ``dtype`` in one cast (the fused kernel's operand); their gradient
+            returns in the tables' dtype. Defaults to the tables' dtype.
 
     Returns:
         tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, H, W, H]`` and ``rel_w`` ``[B, Nh, H, W, W]``,
-        as :func:`relative_logits_5d`, computed in the tables' dtype.
+        as :func:`relative_logits_5d`.
     """
     B, Nh, H, W, d = q.shape
     rows = torch.cat([relative_rows(table_h, H), relative_rows(table_w, W)])  # [2H - 1 + 2W - 1, d]
     qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, 2H + 2W - 2]
     sb, sn, sh, sw = Nh * H * W * qr.shape[1], H * W * qr.shape[1], W * qr.shape[1], qr.shape[1]
-    return _SkewedViews.apply(qr, ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), H - 1),  # col h - h_i + H - 1
+    return _SkewedViews.apply(qr, rows.dtype if dtype is None else dtype,
+                              ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), H - 1),  # col h - h_i + H - 1
                               ((B, Nh, H, W, W), (sb, sn, sh, sw - 1, 1), 2 * H - 1 + W - 1))
 
 
 class _SkewedViews(torch.autograd.Function):
-    """``as_strided`` views of one tensor whose gradient is one tensor: the views' gradients
-    written into one zero tensor (three ops; autograd's own ``as_strided`` backward takes two
-    per view and an add)."""
+    """``as_strided`` views of ``source`` cast to ``dtype``, whose gradient is one tensor in
+    ``source``'s dtype: the views' gradients written into one zero tensor (three ops, the cast
+    back included; autograd's own ``as_strided`` backward takes two per view, an add and a cast)."""
 
     @staticmethod
-    def forward(ctx, source, *geometries):
-        ctx.shape, ctx.geometries = source.shape, geometries
+    def forward(ctx, source, dtype, *geometries):
+        ctx.shape, ctx.dtype, ctx.geometries = source.shape, source.dtype, geometries
+        source = source.to(dtype)
         return tuple(source.as_strided(*g) for g in geometries)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads):
-        grad = next(g for g in grads if g is not None).new_zeros(ctx.shape)
+        grad = next(g for g in grads if g is not None).new_zeros(ctx.shape, dtype=ctx.dtype)
         for g, geometry in zip(grads, ctx.geometries):
             if g is not None:
                 grad.as_strided(*geometry).copy_(g)
-        return (grad, *(None for _ in ctx.geometries))
+        return (grad, None, *(None for _ in ctx.geometries))
 
 
 def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
@@ -507,11 +513,11 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
                 rel = relative_logits_2d
             else:  # the skewed views in eager; a captured graph takes the gathered embeddings
                 rel = relative_logits_5d if graph_mode() else relative_logits_skewed
-            q5 = q.view(*q.shape[:2], H, W, q.shape[-1])
-            if impl == 'sdpa' and not graph_mode():  # q in float32 once: the GEMM's operand and the fold's
-                q5 = packed(q5, rel_dtype)
-                q = q5.view(q.shape)
-            rel_h, rel_w = rel(q5, table_h.to(rel_dtype), table_w.to(rel_dtype))
+            q5, tables = q.view(*q.shape[:2], H, W, q.shape[-1]), (table_h.to(rel_dtype), table_w.to(rel_dtype))
+            if rel is relative_logits_skewed and dtype != torch.float16:  # float16 folds them scaled first
+                rel_h, rel_w = rel(q5, *tables, dtype)  # rounded to the kernel's dtype in the skew's op
+            else:
+                rel_h, rel_w = rel(q5, *tables)
         if impl == 'sdpa':
             out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype, scale)
         elif impl in ('blocked', 'materialized'):

@@ -23,7 +23,9 @@ from mmcv.cnn import build_conv_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
+from .kernel_policy import graph_mode
 from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_attention import init_relative_table, relative_attention, relative_logits_2d
@@ -47,6 +49,33 @@ def aa_channels(out_channels: int, key_ratio: float, value_ratio: float, num_hea
     dk = max(round_to_heads(key_ratio * out_channels, num_heads), min_key_dim_per_head * num_heads)
     dv = min(round_to_heads(value_ratio * out_channels, num_heads), out_channels)
     return dk, dv
+
+
+def _heads(t: Tensor, num_heads: int) -> Tensor:
+    """``[B, Nh * d, h, w]`` -> ``[B, Nh, hw, d]`` (a view)."""
+    return t.reshape(t.shape[0], num_heads, -1, t.shape[-2] * t.shape[-1]).transpose(-1, -2)
+
+
+class _SplitHeads(torch.autograd.Function):
+    """k, q, v per head, ``[B, Nh, hw, d]`` views of the qkv convolution's output; their
+    gradients are written into one tensor of its shape (one copy each, where autograd's view
+    backward takes a copy each and a concatenation)."""
+
+    @staticmethod
+    def forward(ctx, qkv, num_heads, sizes):
+        ctx.shape, ctx.num_heads, ctx.sizes = qkv.shape, num_heads, sizes
+        return tuple(_heads(t, num_heads) for t in qkv.split(sizes, 1))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        grad = next(g for g in grads if g is not None).new_empty(ctx.shape)  # [B, 2 dk + dv, h, w]
+        for part, g in zip(grad.split(ctx.sizes, 1), grads):
+            if g is None:
+                part.zero_()
+            else:
+                _heads(part, ctx.num_heads).copy_(g)
+        return grad, None, None
 
 
 @MODELS.register_module('AAConv')
@@ -208,15 +237,14 @@ class AAConv2d(BaseModule):
         Returns:
             tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
         """
-        B, _, h, w = x.shape
-        dk, dv, Nh = self.key_channels, self.value_channels, self.num_heads
-        k, q, v = self.qkv(x).split([dk, dk, dv], dim=1)  # [B, dk|dv, h, w]
-
-        def heads(t):
-            return t.reshape(B, Nh, -1, h * w).transpose(-1, -2)  # [B, Nh, hw, d]
-
-        q = heads(q) * self.head_dim ** -0.5 if scaled else heads(q)
-        return q, heads(k), heads(v), (h, w)
+        h, w = x.shape[-2:]
+        sizes = (self.key_channels, self.key_channels, self.value_channels)
+        qkv = self.qkv(x)  # [B, 2 dk + dv, h, w]: k, q, v
+        if graph_mode():
+            k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
+        else:
+            k, q, v = _SplitHeads.apply(qkv, self.num_heads, sizes)
+        return q * self.head_dim ** -0.5 if scaled else q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1

@@ -20,6 +20,10 @@ run on CPU tensors. Per backbone:
 * ``peak GiB``: the largest sum of live tensor bytes produced by dispatched ops
   (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
 
+Each is counted on a training step after one forward pass at the same size (``model.train()``):
+the first pass at a new size also builds AA's one-hot fold columns, which are cached per size
+(3 ops per AA layer more, once; ``relative_attention._fold_columns``).
+
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
     .venv/bin/python benchmarks/op_counts.py --size 320 --batch 2 --top 15 --models GSA-ResNet-50
 """
@@ -156,10 +160,13 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
     counter, flops = OpCounter(), FlopCounterMode(display=False)
     if policy == 'cuda':
         F.scaled_dot_product_attention = _counted_sdpa
-    with force_policy(policy), flops, counter:
-        with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+
+    with force_policy(policy), torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+        with torch.no_grad():  # a size's first pass builds AA's cached fold columns; later steps are counted
+            model(x)
+        with flops, counter:
             feats = model(x)
-        sum(f.float().mean() for f in feats).backward()
+            sum(f.float().mean() for f in feats).backward()
     F.scaled_dot_product_attention = _sdpa
     return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),
                 bytes=sum(counter.bytes.values()), peak=counter.peak, table=counter.ops,

@@ -83,9 +83,10 @@ class _AxialRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, v, emb, chunk):
-        ctx.save_for_backward(q, v, emb)
-        ctx.chunk = chunk
-        return _axial_chunks(q, v, emb.to(q.dtype), chunk)  # [G, L, dv]
+        emb_low = emb.to(q.dtype)  # [L, dk, L], cast once for both passes
+        ctx.save_for_backward(q, v, emb_low)
+        ctx.chunk, ctx.emb_dtype = chunk, emb.dtype
+        return _axial_chunks(q, v, emb_low, chunk)  # [G, L, dv]
 
     @staticmethod
     @once_differentiable
@@ -95,8 +96,8 @@ class _AxialRelativeAttention(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_out):
-        q, v, emb32 = ctx.saved_tensors
-        G, chunk, emb = v.shape[0], ctx.chunk, emb32.to(q.dtype)
+        q, v, emb = ctx.saved_tensors
+        G, chunk = v.shape[0], ctx.chunk
         dqs, dvs, demb = [], [], None
         for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
             qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, s:s + chunk], v[s:s + chunk], grad_out[s:s + chunk])
@@ -105,7 +106,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
             dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
             dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
             demb_chunk = torch.bmm(qs.transpose(1, 2), dlogits)  # [L (x), dk, L (i)]
-            demb = demb_chunk.to(emb32.dtype) if demb is None else demb.add_(demb_chunk)
+            demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
         if len(dqs) == 1:
             return dqs[0], dvs[0], demb, None
         return torch.cat(dqs, 1), torch.cat(dvs), demb, None

@@ -161,11 +161,13 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
     if policy == 'cuda':
         F.scaled_dot_product_attention = _counted_sdpa
 
-    with force_policy(policy), torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
-        with torch.no_grad():  # a size's first pass builds AA's cached fold columns; later steps are counted
+    amp = dict(device_type='cpu', dtype=dtype, enabled=dtype != torch.float32)
+    with force_policy(policy):
+        with torch.no_grad(), torch.autocast(**amp):  # a size's first pass builds AA's cached fold columns
             model(x)
         with flops, counter:
-            feats = model(x)
+            with torch.autocast(**amp):  # a new autocast context per step, as in training: weights cast anew
+                feats = model(x)
             sum(f.float().mean() for f in feats).backward()
     F.scaled_dot_product_attention = _sdpa
     return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),

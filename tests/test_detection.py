@@ -12,6 +12,7 @@ import torch
 
 from aa_det.datasets import generate_shapes_coco
 from aa_det.engine import ConfigError, build_runner, load_config
+from aa_det.utils.compat import TORCH_VERSION
 
 from demo_config import DEMO, ROOT, demo_options
 
@@ -82,6 +83,33 @@ def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
     records = {k: v.tolist() for k, v in state.items() if k.endswith('offset_range._extra_state')}
     assert records and all(min(r) >= 0 for r in records.values())
     assert max(max(r) for r in records.values()) == (7 if backbone == 'AAResNet' else 31)
+
+
+@pytest.mark.slow  # 2-6 minutes on 2 cores
+@pytest.mark.skipif(TORCH_VERSION < (2, 4), reason='torch.compile with dynamic shapes through autograd.Function '
+                    'needs torch >= 2.4')
+def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_path):
+    """``custom_hooks=[dict(type='CompileBackboneHook', dynamic=True)]`` (docs/design.md): the Runner
+    trains the demo with its AA backbone compiled (``fullgraph=True``, so a graph break would fail;
+    ``backend='aot_eager'``: dynamo's graph and AOTAutograd's backward without inductor's code
+    generation) under multiscale jitter, in one graph for every size; the loss is finite and the
+    trained-offset record reaches the checkpoint."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    extra = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4}
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **extra))
+    cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None  # evaluation mode would be a second graph
+    cfg.custom_hooks = list(cfg.get('custom_hooks', [])) + [
+        dict(type='CompileBackboneHook', backend='aot_eager', dynamic=True)]
+    runner = build_runner(cfg)
+    runner.train()
+    assert runner.iter == 2 and counters['stats']['unique_graphs'] == 1  # one graph, both jittered sizes
+    assert torch.isfinite(torch.tensor(runner.message_hub.get_scalar('train/loss').current()))
+    from mmengine.runner import CheckpointLoader
+    state = CheckpointLoader.load_checkpoint(str(tmp_path / 'epoch_1.pth'), map_location='cpu')['state_dict']
+    records = [v.tolist() for k, v in state.items() if k.endswith('offset_range._extra_state')]
+    assert records and max(max(r) for r in records) >= 6  # recorded in the graph, folded into the checkpoint
 
 
 @pytest.mark.parametrize('launcher', ['none', 'pytorch'])

@@ -1,10 +1,10 @@
 """Training-loop pieces: config loading and Runner construction for the tools (checkpoints
 checked before the run), the ``CPUAmpOptimWrapper`` registered in mmengine's registries and
-the ``StopOnNonFiniteLoss`` hook."""
+the ``StopOnNonFiniteLoss`` and ``CompileBackboneHook`` hooks."""
 from .errors import ConfigError
-from .hooks import NonFiniteLossError, StopOnNonFiniteLoss
+from .hooks import CompileBackboneHook, NonFiniteLossError, StopOnNonFiniteLoss
 from .optim_wrapper import CPUAmpOptimWrapper
 from .runner import build_runner, check_coco_annotation, load_config
 
-__all__ = ['CPUAmpOptimWrapper', 'ConfigError', 'NonFiniteLossError', 'StopOnNonFiniteLoss', 'build_runner',
-           'check_coco_annotation', 'load_config']
+__all__ = ['CPUAmpOptimWrapper', 'CompileBackboneHook', 'ConfigError', 'NonFiniteLossError', 'StopOnNonFiniteLoss',
+           'build_runner', 'check_coco_annotation', 'load_config']

@@ -1,15 +1,23 @@
-"""``StopOnNonFiniteLoss``: mmdet's ``CheckInvalidLossHook`` with one clear line.
+"""Training hooks.
 
-mmdet's hook asserts a finite loss; its assertion message is ``None`` (the
-return value of the ``logger.info`` it passes) after a traceback. This one checks
-the same loss at the same interval and stops training with a
-:class:`NonFiniteLossError`, which the tools print as one ``aa_det:`` line.
+* ``StopOnNonFiniteLoss``: mmdet's ``CheckInvalidLossHook`` with one clear line. mmdet's hook
+  asserts a finite loss; its assertion message is ``None`` (the return value of the
+  ``logger.info`` it passes) after a traceback. This one checks the same loss at the same
+  interval and stops training with a :class:`NonFiniteLossError`, which the tools print as one
+  ``aa_det:`` line.
+* ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only. mmengine 0.10.7's
+  Runner option ``compile`` compiles the whole ``train_step``, optimizer step included, where
+  dynamo (torch 2.14) fails inside ``SGD.step`` (``InternalTorchDynamoError: 'UserDefinedDictVariable'
+  object has no attribute 'items'``, mmengine's param groups); the attention kernels are in the
+  backbone (docs/design.md, "Compiling and exporting").
 """
 from typing import Optional
 
 import torch
 from mmdet.engine.hooks import CheckInvalidLossHook
 from mmdet.registry import HOOKS
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
 
 from .errors import ConfigError
 
@@ -45,4 +53,26 @@ class StopOnNonFiniteLoss(CheckInvalidLossHook):
         raise NonFiniteLossError(message)
 
 
-__all__ = ['NonFiniteLossError', 'StopOnNonFiniteLoss']
+@HOOKS.register_module()
+class CompileBackboneHook(Hook):
+    """Compile ``model.backbone``'s forward with ``torch.compile`` before training starts.
+
+    ``custom_hooks = [dict(type='CompileBackboneHook', dynamic=True)]`` in a config: one graph
+    per backbone with ``fullgraph=True`` (the default), no recompile per size under multiscale
+    jitter with ``dynamic=True``.
+
+    Args:
+        **compile_cfg: keyword arguments of ``torch.compile`` (``backend``, ``mode``,
+            ``dynamic``, ...); ``fullgraph`` defaults to True.
+    """
+
+    def __init__(self, **compile_cfg) -> None:
+        self.compile_cfg = dict(dict(fullgraph=True), **compile_cfg)
+
+    def before_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model.backbone.forward = torch.compile(model.backbone.forward, **self.compile_cfg)
+        runner.logger.info(f'backbone forward compiled with torch.compile({self.compile_cfg})')
+
+
+__all__ = ['CompileBackboneHook', 'NonFiniteLossError', 'StopOnNonFiniteLoss']

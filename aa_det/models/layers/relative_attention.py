@@ -153,8 +153,8 @@ def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
     used: few next to the attention's ``HW``); query ``(h_i, w_i)`` reads its ``H`` (``W``)
     offsets ``h - h_i`` at columns ``h - h_i + H - 1``, a window that moves one column back per
     query row, which a stride of ``row stride - 1`` expresses without a copy (the skew of Huang
-    et al., 2018, as a view). Three ops in the forward (tables, ``q`` in their dtype, the GEMM)
-    instead of six, whatever the map size. Eager only: ``as_strided`` views bake sizes into a
+    et al., 2018, as a view). Four ops in the forward (tables, ``q`` in their dtype, the GEMM, its
+    rounding to ``dtype``) where the per-row GEMMs took six and a cast, whatever the map size. Eager only: ``as_strided`` views bake sizes into a
     captured graph, which takes :func:`relative_logits_5d`.
 
     Args:

@@ -209,3 +209,20 @@ def test_skewed_relative_logits_equal_the_gathered_ones(M):
         results.append([rel_h, rel_w, *torch.autograd.grad((rel_h * gh).sum() + (rel_w * gw).sum(), inputs)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
+
+
+def test_split_heads_gradient_is_autograds():
+    """AAConv2d's k, q, v heads (views of the qkv output, one-tensor backward) give the qkv output the
+    gradient that autograd's own split and views give it, in float64."""
+    from aa_det.models.layers.aa_conv import _heads, _SplitHeads
+    qkv = torch.randn(2, 12 + 12 + 8, 5, 6, dtype=torch.float64)  # dk = 4 heads x 3, dv = 4 x 2
+    grads = [torch.randn(2, 4, 30, d, dtype=torch.float64) for d in (3, 3, 2)]
+    results = []
+    for split in (lambda t: _SplitHeads.apply(t, 4, (12, 12, 8)),
+                  lambda t: [_heads(p, 4) for p in t.split((12, 12, 8), 1)]):
+        x = qkv.clone().requires_grad_()
+        heads = split(x)
+        torch.testing.assert_close(torch.cat([h.flatten() for h in heads]), torch.cat(
+            [_heads(p, 4).flatten() for p in qkv.split((12, 12, 8), 1)]))
+        results.append(torch.autograd.grad(sum((h * g).sum() for h, g in zip(heads, grads)), x)[0])
+    torch.testing.assert_close(*results)

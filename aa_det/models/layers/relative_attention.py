@@ -398,8 +398,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     dv = v.shape[-1]
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
-    v = v.to(dtype)
-    v = torch.cat([v, _zeros(dtype, v.device).expand(B, Nh, N, -dv % 8)], -1)  # zeros add nothing to out[.., :dv]
+    v = _pad_last(v.to(dtype), 8)  # zeros add nothing to the output's first dv columns
     if rel_h is None:
         q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
     else:
@@ -458,9 +457,10 @@ def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
 
 
 def _pad_last(t: Tensor, multiple: int) -> Tensor:
-    """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``."""
+    """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``: one ``cat`` with the cached
+    zero (:func:`_zeros`), whose backward is a view."""
     pad = -t.shape[-1] % multiple
-    return F.pad(t, (0, pad)) if pad else t
+    return torch.cat([t, _zeros(t.dtype, t.device).expand(*t.shape[:-1], pad)], -1) if pad else t
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],

@@ -20,9 +20,11 @@ run on CPU tensors. Per backbone:
 * ``peak GiB``: the largest sum of live tensor bytes produced by dispatched ops
   (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
 
-Each is counted on a training step after one forward pass at the same size (``model.train()``):
-the first pass at a new size also builds AA's one-hot fold columns, which are cached per size
-(3 ops per AA layer more, once; ``relative_attention._fold_columns``).
+Each is counted on a training step after one learning forward pass at the same size
+(``model.train()``, gradients on): the first pass at a new size also builds the constants that
+are cached per size (AA's one-hot fold columns, the relative-offset indices of both
+architectures; ``relative_attention._fold_columns``, ``relative_embeddings``), a few ops per
+layer once.
 
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
     .venv/bin/python benchmarks/op_counts.py --size 320 --batch 2 --top 15 --models GSA-ResNet-50
@@ -163,7 +165,7 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
 
     amp = dict(device_type='cpu', dtype=dtype, enabled=dtype != torch.float32)
     with force_policy(policy):
-        with torch.no_grad(), torch.autocast(**amp):  # a size's first pass builds AA's cached fold columns
+        with torch.autocast(**amp):  # a size's first learning pass builds the cached constants
             model(x)
         with flops, counter:
             with torch.autocast(**amp):  # a new autocast context per step, as in training: weights cast anew

@@ -28,7 +28,7 @@ from .kernel_policy import axial_chunk_elems, compute_dtype, kernel_device
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'row_attention',
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'column_attention', 'row_attention',
            'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
@@ -37,21 +37,36 @@ GSA_COMPONENTS = ('content', 'column', 'row')
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
 
-    The softmax in float32 (or float64), the products in :func:`compute_dtype`.
+    The softmax in float32 (or float64), the products in :func:`compute_dtype`. ``q`` is
+    read in :func:`axial_queries`'s layout, which column attention reads too: one copy of
+    ``q`` serves both (none here when ``q`` comes in that layout).
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
 
     Returns:
-        Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``v``'s dtype.
+        Tensor: ``[B, Nh, dvh, H, W]`` (contiguous) in :func:`compute_dtype` of ``v``'s dtype.
     """
+    B, Nh, dk, H, W = q.shape
     dtype = compute_dtype(v.dtype, kernel_device(v.device.type))
     with torch.autocast(v.device.type, enabled=False):
         k = k.flatten(-2)  # [B, Nh, dkh, HW]
         # in float32 (float64) inside the kernel; fp16 inputs are not rounded to bf16 before it
         k = k.softmax(-1) if k.dtype == dtype else k.softmax(-1, dtype=torch.float32).to(dtype)
-        context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype))  # [B, Nh, dkh, dvh]
-        return torch.einsum('bnkxy,bnkv->bnvxy', q.to(dtype), context)
+        context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype)).reshape(B * Nh, dk, -1)
+        qt = axial_queries(q, dtype).view(H * W, B * Nh, dk).permute(1, 2, 0)  # [B * Nh, dkh, HW], a view
+        return torch.bmm(context.transpose(1, 2), qt).view(B, Nh, -1, H, W)  # [B * Nh, dvh, HW]
+
+
+def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
+    """``q`` in ``dtype``, laid out ``[H, W, B, Nh, dkh]``: what column attention's GEMMs
+    (batched over ``H``, rows ``(W, B, Nh)``) and content attention's (batched over ``(B, Nh)``,
+    strided rows) read without a copy. One copy, none when ``q`` is laid out so already.
+
+    Returns:
+        Tensor: ``[H, W, B, Nh, dkh]``, contiguous.
+    """
+    return packed(q.permute(3, 4, 0, 1, 2), dtype)
 
 
 def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
@@ -77,7 +92,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
     used), then their product with the values, batched over ``g``. The forward keeps no
     logits; the backward recomputes them chunk by chunk, so the ``[G, L, L]`` logits never
     live across the forward and backward. ``emb`` comes in float32 (or float64) and its
-    gradient leaves in it: summed over all sequences and, by the unfold that made ``emb``,
+    gradient leaves in it: summed over all sequences and, by the gather that made ``emb``,
     over the pairs of each offset, it is never rounded to ``q``'s low precision in between.
     """
 
@@ -135,15 +150,15 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     G = B * Nh * W
     chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
-        qc = packed(q.permute(3, 0, 1, 4, 2), dtype).view(H, G, dk)  # [H, G, dkh]
-        vc = packed(v.permute(0, 1, 4, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
+        qc = axial_queries(q, dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
+        vc = packed(v.permute(4, 0, 1, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
         table = table.to(torch.promote_types(dtype, torch.float32))
         emb = relative_embeddings(table, H).transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
         if torch.is_grad_enabled() and not torch.jit.is_tracing():
             out = _AxialRelativeAttention.apply(qc, vc, emb, chunk)  # [G, H, dvh]
         else:  # inference, trace and export: plain ops, no autograd.Function in the graph
             out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
-    return out.view(B, Nh, W, H, -1).permute(0, 1, 4, 3, 2)
+    return out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)
 
 
 def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
@@ -300,6 +315,8 @@ class GlobalSelfAttention2d(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
         q, k, v = self.qkv_heads(x)
+        if 'content' in self.components and 'column' in self.components:  # one copy of q for both
+            q = axial_queries(q, compute_dtype(q.dtype, kernel_device(q.device.type))).permute(2, 3, 4, 0, 1)
         out = content_attention(q, k, v) if 'content' in self.components else 0
         pos = v
         if 'column' in self.components:

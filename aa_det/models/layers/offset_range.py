@@ -16,8 +16,8 @@ Example:
     >>> table = torch.zeros(127, 8)
     >>> rng.crop(table, 0, learning=False).shape  # nothing recorded yet: the whole table
     torch.Size([127, 8])
-    >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map
-    torch.Size([19, 8])
+    >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map: recorded
+    torch.Size([127, 8])
     >>> rng.crop(table, 0, learning=False, length=30).shape  # at test time: offsets clip at 9
     torch.Size([19, 8])
     >>> rng.crop(table, 0, learning=False, length=4).shape  # a 4-long map reads offsets up to 3
@@ -89,12 +89,14 @@ class TrainedOffsetRange(BaseModule):
             learning (bool): the table learns in this pass (training mode, grad enabled,
                 ``requires_grad``): ``length`` widens the record first.
             length (int, optional): the map's length along ``axis``; needed when learning.
-                Offsets beyond ``length - 1`` do not occur in the map, so their rows are cut
-                too (one slice: a map never reads a row it does not need), except while a
-                graph is captured.
+                At test time offsets beyond ``length - 1`` do not occur in the map, so their
+                rows are cut too (a map never reads a row it does not need).
 
         Returns:
-            Tensor: ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
+            Tensor: in a learning pass the whole table (the record covers the map, so nothing
+            clips; each kernel reads the offsets ``-(length - 1) .. length - 1`` of it, and the
+            fused CUDA path's relative logits read it whole, with no slice to differentiate);
+            otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
             rows (offsets ``-(m - 1) .. m - 1``); without a record ``m = min(M, length)``.
         """
         M = self.max_rel_dist
@@ -105,8 +107,9 @@ class TrainedOffsetRange(BaseModule):
                 return table
             m = M if self.trained[axis] < 0 else min(M, self.trained[axis] + 1)
             return table[M - m:M + m - 1]
-        if learning:
+        if learning:  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
             self.trained[axis] = max(self.trained[axis], length - 1)
+            return table
         m = self.max_rel_dist
         if self.trained[axis] >= 0:
             m = min(m, self.trained[axis] + 1)

@@ -51,7 +51,7 @@ from ...utils.compat import autocast_dtype, eye
 from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype
 
 __all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_logits_skewed',
-           'relative_index', 'relative_embeddings', 'relative_rows', 'attention_reference', 'attention_materialized',
+           'relative_index', 'relative_embeddings', 'attention_reference', 'attention_materialized',
            'attention_blocked', 'attention_sdpa_folded', 'choose_impl', 'kernel_dtype', 'init_relative_table']
 
 #: Default bound on ``B * Nh * queries * keys`` logits the 'blocked' kernel holds at once (the
@@ -73,13 +73,11 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
     """The table read at every (query, key) pair of an axis: ``emb[a, b] = table[idx[a, b]]``
-    with :func:`relative_index`'s clipped offsets, as views of the table plus one copy.
+    with :func:`relative_index`'s clipped offsets, in one gather.
 
-    The rows for offsets ``-(L - 1) .. L - 1`` (the end rows repeated where ``L`` exceeds the
-    table) hold the query at position ``a`` in the window ``[L - 1 - a, 2L - 1 - a)``:
-    ``unfold`` makes those windows (a view), ``flip`` orders them by query (the one copy).
-    Same values as ``table[relative_index(length, M)]`` with two ops instead of six (an
-    index built from ``arange`` and a gather, in the forward; a scatter in the backward).
+    The index is a constant, cached per size and device outside a captured graph, so the
+    forward is one op and the backward one accumulating scatter into zeros, at any ``L``
+    (offsets beyond the table clip in the index, with no per-end-row slices and sums).
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -88,29 +86,20 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     Returns:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
-    if graph_mode():  # no branch on ``length`` and no unfold (its size would be baked in): a gather
-        return table[relative_index(length, (table.shape[0] + 1) // 2, table.device)]
-    return relative_rows(table, length).unfold(0, length, 1).flip(0).transpose(1, 2)  # [L, L, d]
-
-
-def relative_rows(table: Tensor, length: int) -> Tensor:
-    """The rows of ``table`` for offsets ``-(L - 1) .. L - 1``, the end rows repeated where
-    ``L`` exceeds the table (clipped offsets).
-
-    Args:
-        table (Tensor): ``[2M - 1, d]``.
-        length (int): ``L``.
-
-    Returns:
-        Tensor: ``[2L - 1, d]``, a view of ``table`` unless ``L > M``.
-    """
     M = (table.shape[0] + 1) // 2
-    if length == M:  # the tables the layers pass (TrainedOffsetRange.crop): no further view
-        return table
-    if length < M:
-        return table[M - length:M + length - 1]
-    pad = length - M  # offsets beyond M - 1 clip to the end rows
-    return torch.cat([table[:1].expand(pad, -1), table, table[-1:].expand(pad, -1)])
+    if graph_mode():  # built in the graph: no size baked in as a constant
+        return table[relative_index(length, M, table.device)]
+    return table[_cached_relative_index(length, M, torch.device(table.device))]
+
+
+#: :func:`relative_index` of the sizes seen last (multiscale jitter: a few per stage and axis)
+_cached_relative_index = functools.lru_cache(maxsize=64)(relative_index)
+
+
+def _offset_rows(length: int, max_dist: int, device) -> Tensor:
+    """Row of each offset ``-(L - 1) .. L - 1`` in a ``2M - 1`` row table, clipped to its ends:
+    ``[2L - 1]`` long."""
+    return torch.arange(1 - length, length, device=device).clamp(1 - max_dist, max_dist - 1) + max_dist - 1
 
 
 def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -148,14 +137,17 @@ def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
                            dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
     """:func:`relative_logits_5d` as two strided views of one GEMM: what the fused CUDA path uses.
 
-    ``q`` meets the rows of both tables for every offset ``-(H - 1) .. H - 1`` and
-    ``-(W - 1) .. W - 1`` in one product (``2H + 2W - 2`` columns, about twice the ``H + W``
-    used: few next to the attention's ``HW``); query ``(h_i, w_i)`` reads its ``H`` (``W``)
-    offsets ``h - h_i`` at columns ``h - h_i + H - 1``, a window that moves one column back per
-    query row, which a stride of ``row stride - 1`` expresses without a copy (the skew of Huang
-    et al., 2018, as a view). Four ops in the forward (tables, ``q`` in their dtype, the GEMM, its
-    rounding to ``dtype``) where the per-row GEMMs took six and a cast, whatever the map size. Eager only: ``as_strided`` views bake sizes into a
-    captured graph, which takes :func:`relative_logits_5d`.
+    ``q`` meets the rows of both tables in one product; query ``(h_i, w_i)`` reads its ``H``
+    (``W``) offsets ``h - h_i`` from a window of columns that moves one column back per query
+    row, which a stride of ``row stride - 1`` expresses without a copy (the skew of Huang et al.,
+    2018, as a view). Where the tables cover every offset of the map (``H <= Mh`` and
+    ``W <= Mw``: the whole table in a learning pass, :class:`TrainedOffsetRange`), the product
+    takes both tables whole (``2Mh + 2Mw - 2`` columns, few next to the attention's ``HW``), so
+    their gradient needs no slice of its own; where offsets clip, it takes the ``2H + 2W - 2``
+    rows of offsets ``-(H - 1) .. H - 1`` and ``-(W - 1) .. W - 1`` in one gather (the end rows
+    repeated). Four ops in the forward (tables, ``q`` in their dtype, the GEMM, its rounding to
+    ``dtype``), five with the gather, whatever the map size. Eager only: ``as_strided`` views
+    bake sizes into a captured graph, which takes :func:`relative_logits_5d`.
 
     Args:
         q (Tensor): ``[B, Nh, H, W, d]`` queries.
@@ -170,12 +162,25 @@ def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
         as :func:`relative_logits_5d`.
     """
     B, Nh, H, W, d = q.shape
-    rows = torch.cat([relative_rows(table_h, H), relative_rows(table_w, W)])  # [2H - 1 + 2W - 1, d]
-    qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, 2H + 2W - 2]
+    Mh, Mw = (table_h.shape[0] + 1) // 2, (table_w.shape[0] + 1) // 2
+    rows = torch.cat([table_h, table_w])  # [2Mh - 1 + 2Mw - 1, d]
+    if H <= Mh and W <= Mw:  # offset -(H - 1) at column Mh - H, -(W - 1) at 2Mh - 1 + Mw - W
+        first_h, first_w = Mh - H, 2 * Mh - 1 + Mw - W
+    else:  # clipped offsets: [2H - 1 + 2W - 1, d]
+        rows = rows[_skewed_rows(H, Mh, W, Mw, rows.device)]
+        first_h, first_w = 0, 2 * H - 1
+    qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, columns]
     sb, sn, sh, sw = Nh * H * W * qr.shape[1], H * W * qr.shape[1], W * qr.shape[1], qr.shape[1]
     return _SkewedViews.apply(qr, rows.dtype if dtype is None else dtype,
-                              ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), H - 1),  # col h - h_i + H - 1
-                              ((B, Nh, H, W, W), (sb, sn, sh, sw - 1, 1), 2 * H - 1 + W - 1))
+                              ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), first_h + H - 1),  # col h - h_i + ..
+                              ((B, Nh, H, W, W), (sb, sn, sh, sw - 1, 1), first_w + W - 1))
+
+
+@functools.lru_cache(maxsize=64)
+def _skewed_rows(H: int, Mh: int, W: int, Mw: int, device: torch.device) -> Tensor:
+    """Rows of both tables (concatenated) for offsets ``-(H - 1) .. H - 1`` and ``-(W - 1) ..
+    W - 1``, clipped: ``[2H - 1 + 2W - 1]`` long, cached (eager only)."""
+    return torch.cat([_offset_rows(H, Mh, device), _offset_rows(W, Mw, device) + 2 * Mh - 1])
 
 
 class _SkewedViews(torch.autograd.Function):

@@ -204,6 +204,24 @@ class _SkewedViews(torch.autograd.Function):
         return (grad, None, *(None for _ in ctx.geometries))
 
 
+class _TwinCopy(torch.autograd.Function):
+    """``t`` and a contiguous copy of it in ``dtype`` (the relative logits' float32 ``q`` beside the
+    fused kernel's low-precision one), whose two gradients return as one in ``t``'s dtype, in one
+    op (autograd would cast the copy's gradient back, then add)."""
+
+    @staticmethod
+    def forward(ctx, t, dtype):
+        ctx.dtype = t.dtype
+        return t.view_as(t), packed(t, dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad, grad_copy):
+        if grad is None or grad_copy is None:
+            return (grad if grad_copy is None else grad_copy.to(ctx.dtype)), None
+        return torch.add(grad, grad_copy, out=torch.empty_like(grad, memory_format=torch.contiguous_format)), None
+
+
 def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
     """Per-query relative logits along height and width (eq. (3), S^H and S^W).
 
@@ -518,7 +536,10 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
                 rel = relative_logits_2d
             else:  # the skewed views in eager; a captured graph takes the gathered embeddings
                 rel = relative_logits_5d if graph_mode() else relative_logits_skewed
-            q5, tables = q.view(*q.shape[:2], H, W, q.shape[-1]), (table_h.to(rel_dtype), table_w.to(rel_dtype))
+            q_rel = q
+            if rel is relative_logits_skewed and q.dtype != rel_dtype:  # q's two gradients meet in one op
+                q, q_rel = _TwinCopy.apply(q, rel_dtype)
+            q5, tables = q_rel.view(*q.shape[:2], H, W, q.shape[-1]), (table_h.to(rel_dtype), table_w.to(rel_dtype))
             if rel is relative_logits_skewed and dtype != torch.float16:  # float16 folds them scaled first
                 rel_h, rel_w = rel(q5, *tables, dtype)  # rounded to the kernel's dtype in the skew's op
             else:

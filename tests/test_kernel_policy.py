@@ -228,3 +228,22 @@ def test_split_heads_gradient_is_autograds():
             [_heads(p, 4).flatten() for p in qkv.split((12, 12, 8), 1)]))
         results.append(torch.autograd.grad(sum((h * g).sum() for h, g in zip(heads, grads)), x)[0])
     torch.testing.assert_close(*results)
+
+
+def test_gsa_operands_gradient_is_autograds():
+    """GSA's operand copies (one per layout its GEMMs read, one-tensor backward) give the qkv output
+    the gradient that autograd gives the same copies, in float64, for every component subset."""
+    from aa_det.models.layers.gsa import _GSAOperands, gsa_operands
+    for components in (('content', 'column', 'row'), ('content',), ('column',), ('row',), ('content', 'row')):
+        layouts = tuple(GlobalSelfAttention2d(16, 8, num_heads=4, components=components).operands.values())
+        qkv = torch.randn(2, 16 + 16 + 8, 5, 6, dtype=torch.float64)
+        grads = [torch.randn(2, 4, 2 if p == 2 else 4, 5, 6, dtype=torch.float64) for p, _ in layouts]
+        results = []
+        for split in (lambda t: _GSAOperands.apply(t, 4, (16, 16, 8), torch.float64, layouts),
+                      lambda t: gsa_operands(t, 4, (16, 16, 8), torch.float64, layouts)):
+            x = qkv.clone().requires_grad_()
+            ops = split(x)
+            results.append([torch.cat([o.flatten() for o in ops]),
+                            torch.autograd.grad(sum((o * g).sum() for o, g in zip(ops, grads)), x)[0]])
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b)

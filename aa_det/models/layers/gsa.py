@@ -24,11 +24,11 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .kernel_policy import axial_chunk_elems, compute_dtype, kernel_device
+from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'column_attention', 'row_attention',
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'gsa_operands', 'column_attention', 'row_attention',
            'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
@@ -67,6 +67,62 @@ def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
         Tensor: ``[H, W, B, Nh, dkh]``, contiguous.
     """
     return packed(q.permute(3, 4, 0, 1, 2), dtype)
+
+
+#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without
+#: another copy: column attention's (and content attention's) ``q`` (:func:`axial_queries`), row
+#: attention's ``q`` (column attention on transposed maps), content attention's ``v`` (``[B, Nh,
+#: dvh, HW]`` per head), column attention's ``v`` and, without a column branch, row attention's.
+AXIAL_Q, ROW_Q, CONTENT_V, COLUMN_V, ROW_V = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2), (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
+
+
+def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch.dtype,
+                 layouts: Sequence[tuple]) -> list:
+    """Views and copies of ``q``, ``k`` and ``v`` from the qkv convolution's output.
+
+    Args:
+        qkv (Tensor): ``[B, 2 dk + dv, H, W]``: ``q``, ``k``, ``v`` channels of ``sizes``.
+        layouts (Sequence[tuple]): ``(part, order)`` per operand: ``part`` 0 (``q``), 1 (``k``)
+            or 2 (``v``); ``order`` None for a view, else the memory order of a copy in
+            ``dtype`` (e.g. :data:`AXIAL_Q`).
+
+    Returns:
+        list[Tensor]: ``[B, Nh, d, H, W]`` each, the copies laid out in their ``order``.
+    """
+    B, _, H, W = qkv.shape
+    parts = [t.reshape(B, num_heads, -1, H, W) for t in qkv.split(list(sizes), 1)]
+    return [parts[part] if order is None else
+            packed(parts[part].permute(order), dtype).permute([order.index(i) for i in range(5)])
+            for part, order in layouts]
+
+
+class _GSAOperands(torch.autograd.Function):
+    """:func:`gsa_operands`, whose gradients are written into one tensor of the qkv output's
+    shape and dtype: each part's gradients summed in one op (copy, or add into it) where
+    autograd's backward adds them, casts and concatenates the three parts."""
+
+    @staticmethod
+    def forward(ctx, qkv, num_heads, sizes, dtype, layouts):
+        ctx.shape, ctx.dtype, ctx.num_heads, ctx.sizes, ctx.layouts = qkv.shape, qkv.dtype, num_heads, sizes, layouts
+        return tuple(gsa_operands(qkv, num_heads, sizes, dtype, layouts))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        grad = next(g for g in grads if g is not None).new_empty(ctx.shape, dtype=ctx.dtype)
+        B, _, H, W = ctx.shape
+        for index, part in enumerate(grad.split(list(ctx.sizes), 1)):
+            part = part.view(B, ctx.num_heads, -1, H, W)
+            gs = [g for g, (p, _) in zip(grads, ctx.layouts) if p == index and g is not None]
+            if not gs:
+                part.zero_()
+            elif len(gs) == 1:
+                part.copy_(gs[0])
+            else:
+                torch.add(gs[0], gs[1], out=part)
+                for g in gs[2:]:
+                    part.add_(g)
+        return grad, None, None, None, None
 
 
 def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
@@ -280,6 +336,18 @@ class GlobalSelfAttention2d(BaseModule):
             self.norm_col = build_norm_layer(norm_cfg, out_channels)[1]
         if 'column' in components or 'row' in components:
             self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (column, row) trained so far
+        # what each branch reads from the qkv output, laid out for its GEMMs (gsa_operands)
+        self.operands = {}
+        if 'content' in components or 'column' in components:
+            self.operands['q'] = (0, AXIAL_Q)  # content and column attention share it
+        if 'row' in components:
+            self.operands['q_row'] = (0, ROW_Q)
+        if 'content' in components:
+            self.operands.update(k=(1, None), v=(2, CONTENT_V))
+        if 'column' in components:
+            self.operands['v_column'] = (2, COLUMN_V)
+        elif 'row' in components:
+            self.operands['v_row'] = (2, ROW_V)
         self.reset_relative()
 
     def reset_relative(self):
@@ -314,23 +382,28 @@ class GlobalSelfAttention2d(BaseModule):
 
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
-        q, k, v = self.qkv_heads(x)
-        if 'content' in self.components and 'column' in self.components:  # one copy of q for both
-            q = axial_queries(q, compute_dtype(q.dtype, kernel_device(q.device.type))).permute(2, 3, 4, 0, 1)
-        out = content_attention(q, k, v) if 'content' in self.components else 0
-        pos = v
+        qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
+        args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels),
+                compute_dtype(qkv.dtype, kernel_device(qkv.device.type)), tuple(self.operands.values()))
+        if torch.is_grad_enabled() and not graph_mode():
+            ops = dict(zip(self.operands, _GSAOperands.apply(*args)))
+        else:  # inference, compile and export: the same tensors, autograd's own backward
+            ops = dict(zip(self.operands, gsa_operands(*args)))
+        out = content_attention(ops['q'], ops['k'], ops['v']) if 'content' in self.components else 0
         if 'column' in self.components:
-            pos = column_attention(q, pos, self.relative_table('column', H))  # [B, Nh, dvh, H, W]
+            pos = column_attention(ops['q'], ops['v_column'], self.relative_table('column', H))
             if self.axial_mean:
                 pos = pos / H
             if 'row' in self.components:
                 pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
+        else:
+            pos = ops.get('v_row')
         if 'row' in self.components:
-            pos = row_attention(q, pos, self.relative_table('row', W))
+            pos = row_attention(ops['q_row'], pos, self.relative_table('row', W))
             if self.axial_mean:
                 pos = pos / W
-        if pos is not v:
-            out = out + pos
+        if pos is not None:
+            out = out + pos  # [B, Nh, dvh, H, W]
         out = out.reshape(B, self.out_channels, H, W)
         if self.stride == 2:
             out = F.avg_pool2d(out, 2, 2, ceil_mode=True)

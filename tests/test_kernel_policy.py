@@ -247,3 +247,22 @@ def test_gsa_operands_gradient_is_autograds():
                             torch.autograd.grad(sum((o * g).sum() for o, g in zip(ops, grads)), x)[0]])
         for a, b in zip(*results):
             torch.testing.assert_close(a, b)
+
+
+def test_axial_embeddings_are_both_axes_relative_embeddings():
+    """GSA's embeddings of both axes in one gather (one-tensor backward) equal each axis's own
+    relative_embeddings, values and gradients, in float64, tables covering the map and clipped."""
+    from aa_det.models.layers.gsa import axial_embeddings
+    from aa_det.models.layers.relative_attention import relative_embeddings
+    g = torch.Generator().manual_seed(0)
+    for mc, mr in ((12, 12), (5, 9), (3, 4)):
+        tables = [torch.randn(2 * m - 1, 4, dtype=torch.float64, generator=g) for m in (mc, mr)]
+        grads = [torch.randn(n, n, 4, dtype=torch.float64, generator=g) for n in (9, 7)]
+        results = []
+        for embed in (lambda c, r: axial_embeddings(c, r, 9, 7, torch.float64),
+                      lambda c, r: (relative_embeddings(c, 9), relative_embeddings(r, 7))):
+            ts = [t.clone().requires_grad_() for t in tables]
+            embs = embed(*ts)
+            results.append([*embs, *torch.autograd.grad(sum((e * gr).sum() for e, gr in zip(embs, grads)), ts)])
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b)

@@ -13,6 +13,7 @@ Example:
     >>> GlobalSelfAttention2d(64, 64, stride=2)(torch.rand(2, 64, 9, 13)).shape
     torch.Size([2, 64, 5, 7])
 """
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -28,8 +29,8 @@ from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'gsa_operands', 'column_attention', 'row_attention',
-           'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'gsa_operands', 'column_attention',
+           'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 
@@ -73,7 +74,8 @@ def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
 #: another copy: column attention's (and content attention's) ``q`` (:func:`axial_queries`), row
 #: attention's ``q`` (column attention on transposed maps), content attention's ``v`` (``[B, Nh,
 #: dvh, HW]`` per head), column attention's ``v`` and, without a column branch, row attention's.
-AXIAL_Q, ROW_Q, CONTENT_V, COLUMN_V, ROW_V = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2), (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
+AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
+CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
 
 
 def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch.dtype,
@@ -183,17 +185,20 @@ class _AxialRelativeAttention(torch.autograd.Function):
         return torch.cat(dqs, 1), torch.cat(dvs), demb, None
 
 
-def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
+def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
+                     embeddings: Optional[Tensor] = None) -> Tensor:
     """Column-only positional attention, GSA appendix eq. (5)-(7).
 
     ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq. (2)).
 
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
-        table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
+        table (Tensor | None): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
         chunk_elems (int, optional): logits ``[sequences, H, H]`` per chunk. Defaults to the
             device policy's (:func:`axial_chunk_elems`: one chunk on CUDA while memory allows,
             cache-sized on the CPU, one while a graph is captured).
+        embeddings (Tensor, optional): ``[H, H, dkh]``, ``table`` already read at every pair
+            (:func:`axial_embeddings`), instead of ``table``.
 
     Returns:
         Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``q``'s dtype.
@@ -208,8 +213,9 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
         qc = axial_queries(q, dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
         vc = packed(v.permute(4, 0, 1, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
-        table = table.to(torch.promote_types(dtype, torch.float32))
-        emb = relative_embeddings(table, H).transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
+        if embeddings is None:
+            embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
+        emb = embeddings.transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
         if torch.is_grad_enabled() and not torch.jit.is_tracing():
             out = _AxialRelativeAttention.apply(qc, vc, emb, chunk)  # [G, H, dvh]
         else:  # inference, trace and export: plain ops, no autograd.Function in the graph
@@ -217,10 +223,63 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[
     return out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)
 
 
-def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_elems: Optional[int] = None) -> Tensor:
+def row_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
+                  embeddings: Optional[Tensor] = None) -> Tensor:
     """Row-only positional attention: :func:`column_attention` on transposed maps."""
     return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table,
-                            chunk_elems).transpose(-1, -2)
+                            chunk_elems, embeddings).transpose(-1, -2)
+
+
+def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype: torch.dtype):
+    """:func:`relative_embeddings` of both axes in one gather and one cast to ``dtype``.
+
+    The float32 (float64) tables are read through one index into their concatenation
+    (cached per size outside a captured graph); the gradients of both axes return into one
+    tensor, are cast back in one op and scattered into the tables in one.
+
+    Args:
+        table_col, table_row (Tensor): ``[2Mc - 1, dkh]``, ``[2Mr - 1, dkh]``.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``[H, H, dkh]`` and ``[W, W, dkh]`` in ``dtype``.
+    """
+    Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
+    tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
+    if graph_mode():  # the index built in the graph, plain views
+        emb = tables[_axial_index(H, Mc, W, Mr, tables.device)].to(dtype)
+        return emb[:H * H].view(H, H, -1), emb[H * H:].view(W, W, -1)
+    emb = tables[_cached_axial_index(H, Mc, W, Mr, tables.device)].to(dtype)  # [H * H + W * W, dkh]
+    return _SplitRows.apply(emb, ((H, H), (W, W)))
+
+
+def _axial_index(H: int, Mc: int, W: int, Mr: int, device) -> Tensor:
+    """Rows of ``cat([table_col, table_row])`` for every (query, key) pair of a column, then of a
+    row: ``[H * H + W * W]`` long."""
+    return torch.cat([relative_index(H, Mc, device).flatten(), relative_index(W, Mr, device).flatten() + 2 * Mc - 1])
+
+
+_cached_axial_index = functools.lru_cache(maxsize=64)(_axial_index)
+
+
+class _SplitRows(torch.autograd.Function):
+    """Consecutive row blocks of ``t`` viewed as ``[*shape, d]``; their gradients written into one
+    tensor (one copy each, where autograd's slice backward zero-fills each and adds)."""
+
+    @staticmethod
+    def forward(ctx, t, shapes):
+        ctx.shape, ctx.shapes = t.shape, shapes
+        return tuple(part.view(*shape, -1) for part, shape in zip(t.split([a * b for a, b in shapes]), shapes))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        grad = next(g for g in grads if g is not None).new_empty(ctx.shape)
+        for part, g, shape in zip(grad.split([a * b for a, b in ctx.shapes]), grads, ctx.shapes):
+            if g is None:
+                part.zero_()
+            else:
+                part.view(*shape, -1).copy_(g)
+        return grad, None
 
 
 def gsa_reference(q: Tensor, k: Tensor, v: Tensor, table_col: Tensor, table_row: Tensor,
@@ -390,8 +449,13 @@ class GlobalSelfAttention2d(BaseModule):
         else:  # inference, compile and export: the same tensors, autograd's own backward
             ops = dict(zip(self.operands, gsa_operands(*args)))
         out = content_attention(ops['q'], ops['k'], ops['v']) if 'content' in self.components else 0
+        emb_col = emb_row = None
+        if 'column' in self.components and 'row' in self.components:  # both axes' embeddings at once
+            emb_col, emb_row = axial_embeddings(self.relative_table('column', H), self.relative_table('row', W),
+                                                H, W, ops['q'].dtype)
         if 'column' in self.components:
-            pos = column_attention(ops['q'], ops['v_column'], self.relative_table('column', H))
+            pos = column_attention(ops['q'], ops['v_column'], None if emb_col is not None else
+                                   self.relative_table('column', H), embeddings=emb_col)
             if self.axial_mean:
                 pos = pos / H
             if 'row' in self.components:
@@ -399,7 +463,8 @@ class GlobalSelfAttention2d(BaseModule):
         else:
             pos = ops.get('v_row')
         if 'row' in self.components:
-            pos = row_attention(ops['q_row'], pos, self.relative_table('row', W))
+            pos = row_attention(ops['q_row'], pos, None if emb_row is not None else self.relative_table('row', W),
+                                embeddings=emb_row)
             if self.axial_mean:
                 pos = pos / W
         if pos is not None:

@@ -1,8 +1,10 @@
 """Kernel launches, FLOPs, bytes and peak memory of the backbones with the CUDA kernel policy,
 measured on the CPU (issue 19): what a GPU would run, counted without one.
 
-For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (mmdet's RetinaNet backbone settings), one
-backbone forward + backward (``sum of the outputs' means``) under bf16 autocast, with
+For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet recipe's backbone
+settings: every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's
+ResNet does by default), one backbone forward + backward (``sum of the outputs' means``) under
+bf16 autocast, with
 ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the CUDA path picks,
 run on CPU tensors. Per backbone:
 
@@ -149,14 +151,14 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16):
+def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=False):
     """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table."""
     from mmdet.registry import MODELS
 
     import aa_det  # noqa: F401  (registers the backbones)
     from aa_det.models.layers.kernel_policy import force_policy
     torch.manual_seed(0)
-    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3)))
+    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval))
     model.train()
     x = torch.randn(batch, 3, size, size)
     counter, flops = OpCounter(), FlopCounterMode(display=False)
@@ -185,16 +187,21 @@ def main():
     parser.add_argument('--policy', default='cuda', choices=['cuda', 'cpu'])
     parser.add_argument('--fp32', action='store_true', help='no autocast (default: bf16 autocast)')
     parser.add_argument('--top', type=int, default=0, help='also print the N most frequent ops per model')
+    parser.add_argument('--norm-eval', action='store_true',
+                        help="BatchNorm frozen in eval mode (mmdet's ResNet default, for pretrained backbones; "
+                             "how the counts before 2026-11-24's fifth session were taken); default: BatchNorm "
+                             "trains, as in the from-scratch recipe (norm_eval=False)")
     args = parser.parse_args()
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     print(f'policy={args.policy} on the CPU, {"fp32" if args.fp32 else "bf16 autocast"}, backbone forward+backward '
-          f'at {args.size}x{args.size}; ops = non-view aten ops dispatched')
+          f'at {args.size}x{args.size}, BatchNorm {"frozen (norm_eval)" if args.norm_eval else "training"}; '
+          f'ops = non-view aten ops dispatched')
     print(f'{"backbone":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
           f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
     for batch in args.batch:
         base = None
         for name in args.models:
-            r = measure(name, args.size, batch, args.policy, dtype)
+            r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval)
             base = r if name == 'ResNet-50' else base
 
             def ratio(key, r=r, base=base):

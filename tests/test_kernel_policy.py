@@ -266,3 +266,20 @@ def test_axial_embeddings_are_both_axes_relative_embeddings():
             results.append([*embs, *torch.autograd.grad(sum((e * gr).sum() for e, gr in zip(embs, grads)), ts)])
         for a, b in zip(*results):
             torch.testing.assert_close(a, b)
+
+
+def test_twin_copy_gradient_is_autograds():
+    """AA's low-precision q and its float32 copy (one-op backward) give q the gradient that autograd
+    gives the same two tensors, up to one bf16 rounding."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 20, 4, generator=g).to(torch.bfloat16).transpose(-1, -2)  # a strided view
+    grads = torch.randn(q.shape, generator=g).to(torch.bfloat16), torch.randn(q.shape, generator=g)
+    results = []
+    for twin in (lambda t: ra._TwinCopy.apply(t, torch.float32), lambda t: (t, t.float().contiguous())):
+        x = q.detach().requires_grad_()
+        a, b = twin(x)
+        torch.testing.assert_close(b, x.float())
+        assert b.dtype == torch.float32 and b.is_contiguous()
+        results.append(torch.autograd.grad((a * grads[0]).sum() + (b * grads[1]).sum(), x)[0])
+    assert results[0].dtype == torch.bfloat16
+    torch.testing.assert_close(results[0].float(), results[1].float(), rtol=1e-2, atol=1e-2)

@@ -283,3 +283,27 @@ def test_twin_copy_gradient_is_autograds():
         results.append(torch.autograd.grad((a * grads[0]).sum() + (b * grads[1]).sum(), x)[0])
     assert results[0].dtype == torch.bfloat16
     torch.testing.assert_close(results[0].float(), results[1].float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('chunk_elems', [None, 2 * 5 * 5])
+def test_column_kernel_with_content_product_is_both_branches(chunk_elems):
+    """Column attention whose kernel also computes content attention's product with the same q (q's
+    gradients summed in place) gives both branches' outputs and the gradients of q, k, v and the table
+    that the two separate branches give under autograd, in float64, in one chunk and in several."""
+    from aa_det.models.layers.gsa import column_attention, content_attention, content_context
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 2, 4, 5, 3, dtype=torch.float64, generator=g) for _ in range(2))
+    v = torch.randn(2, 2, 3, 5, 3, dtype=torch.float64, generator=g)
+    table = torch.randn(7, 4, dtype=torch.float64, generator=g)
+    grads = [torch.randn(2, 2, 3, 5, 3, dtype=torch.float64, generator=g) for _ in range(2)]
+    results = []
+    for fused in (True, False):
+        ts = [t.clone().requires_grad_() for t in (q, k, v, table)]
+        if fused:
+            outs = column_attention(ts[0], ts[2], ts[3], chunk_elems,
+                                    context=content_context(ts[1], ts[2], torch.float64))
+        else:
+            outs = column_attention(ts[0], ts[2], ts[3], chunk_elems), content_attention(*ts[:3])
+        results.append([*outs, *torch.autograd.grad(sum((o * gr).sum() for o, gr in zip(outs, grads)), ts)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)

@@ -29,7 +29,7 @@ from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'axial_queries', 'gsa_operands', 'column_attention',
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands', 'column_attention',
            'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
@@ -40,7 +40,8 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
     The softmax in float32 (or float64), the products in :func:`compute_dtype`. ``q`` is
     read in :func:`axial_queries`'s layout, which column attention reads too: one copy of
-    ``q`` serves both (none here when ``q`` comes in that layout).
+    ``q`` serves both (none here when ``q`` comes in that layout), and with a column branch
+    the product with ``q`` runs inside its kernel (:func:`column_attention`'s ``context``).
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
@@ -51,12 +52,38 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     B, Nh, dk, H, W = q.shape
     dtype = compute_dtype(v.dtype, kernel_device(v.device.type))
     with torch.autocast(v.device.type, enabled=False):
+        qc = axial_queries(q, dtype).view(H, -1, dk)  # [H, (W, B, Nh), dkh]
+        return _content_product(qc, content_context(k, v, dtype)).view(B, Nh, -1, H, W)
+
+
+def content_context(k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
+    """``softmax_positions(K)^T V`` per head: content attention's context, a ``dkh x dvh``
+    matrix per head that every query reads.
+
+    Args:
+        k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
+        dtype (torch.dtype): of the product (:func:`compute_dtype`).
+
+    Returns:
+        Tensor: ``[B * Nh, dkh, dvh]`` in ``dtype``.
+    """
+    B, Nh, dk = k.shape[:3]
+    with torch.autocast(v.device.type, enabled=False):
         k = k.flatten(-2)  # [B, Nh, dkh, HW]
         # in float32 (float64) inside the kernel; fp16 inputs are not rounded to bf16 before it
         k = k.softmax(-1) if k.dtype == dtype else k.softmax(-1, dtype=torch.float32).to(dtype)
-        context = torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype)).reshape(B * Nh, dk, -1)
-        qt = axial_queries(q, dtype).view(H * W, B * Nh, dk).permute(1, 2, 0)  # [B * Nh, dkh, HW], a view
-        return torch.bmm(context.transpose(1, 2), qt).view(B, Nh, -1, H, W)  # [B * Nh, dvh, HW]
+        return torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype)).reshape(B * Nh, dk, -1)
+
+
+def _content_queries(qc: Tensor, heads: int) -> Tensor:
+    """``[B * Nh, dkh, HW]`` strided view of :func:`axial_queries`' ``[H, (W, B, Nh), dkh]``
+    (``heads`` = ``B * Nh``): what content attention's GEMMs read, without a copy."""
+    return qc.view(-1, heads, qc.shape[-1]).permute(1, 2, 0)
+
+
+def _content_product(qc: Tensor, context: Tensor) -> Tensor:
+    """Content attention's output ``context^T q``: ``[B * Nh, dvh, HW]``."""
+    return torch.bmm(context.transpose(1, 2), _content_queries(qc, context.shape[0]))
 
 
 def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
@@ -143,7 +170,8 @@ def _axial_chunks(q: Tensor, v: Tensor, emb: Tensor, chunk: int) -> Tensor:
 
 class _AxialRelativeAttention(torch.autograd.Function):
     """``out[g, x] = sum_i (q[x, g] . emb[x, :, i]) v[g, i]`` in chunks of at most ``chunk``
-    sequences ``g`` (one chunk when ``chunk`` covers them all).
+    sequences ``g`` (one chunk when ``chunk`` covers them all); with a ``context``, content
+    attention's product with the same ``q`` too (:func:`_content_product`).
 
     Two batched GEMMs per chunk: the logits ``[L, g, L]`` batched over the query position
     ``x`` (each reads its own row of absolute embeddings, so exactly the ``L`` offsets
@@ -152,24 +180,27 @@ class _AxialRelativeAttention(torch.autograd.Function):
     live across the forward and backward. ``emb`` comes in float32 (or float64) and its
     gradient leaves in it: summed over all sequences and, by the gather that made ``emb``,
     over the pairs of each offset, it is never rounded to ``q``'s low precision in between.
+    The content product's gradient joins ``q``'s in place (one ``baddbmm_``), where
+    autograd would compute it apart and add.
     """
 
     @staticmethod
-    def forward(ctx, q, v, emb, chunk):
+    def forward(ctx, q, v, emb, chunk, context=None):
         emb_low = emb.to(q.dtype)  # [L, dk, L], cast once for both passes
-        ctx.save_for_backward(q, v, emb_low)
+        ctx.save_for_backward(q, v, emb_low, context)
         ctx.chunk, ctx.emb_dtype = chunk, emb.dtype
-        return _axial_chunks(q, v, emb_low, chunk)  # [G, L, dv]
+        out = _axial_chunks(q, v, emb_low, chunk)  # [G, L, dv]
+        return out if context is None else (out, _content_product(q, context))
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, grad_content=None):
         with torch.autocast(grad_out.device.type, enabled=False):  # the forward's dtype
-            return _AxialRelativeAttention._backward(ctx, grad_out)
+            return _AxialRelativeAttention._backward(ctx, grad_out, grad_content)
 
     @staticmethod
-    def _backward(ctx, grad_out):
-        q, v, emb = ctx.saved_tensors
+    def _backward(ctx, grad_out, grad_content):
+        q, v, emb, context = ctx.saved_tensors
         G, chunk = v.shape[0], ctx.chunk
         dqs, dvs, demb = [], [], None
         for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
@@ -180,13 +211,20 @@ class _AxialRelativeAttention(torch.autograd.Function):
             dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
             demb_chunk = torch.bmm(qs.transpose(1, 2), dlogits)  # [L (x), dk, L (i)]
             demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
-        if len(dqs) == 1:
-            return dqs[0], dvs[0], demb, None
-        return torch.cat(dqs, 1), torch.cat(dvs), demb, None
+        dq, dv = (dqs[0], dvs[0]) if len(dqs) == 1 else (torch.cat(dqs, 1), torch.cat(dvs))
+        dcontext = None
+        if context is not None:  # content attention: context^T q
+            heads = context.shape[0]
+            dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
+            if graph_mode():  # a captured graph fuses the sum; no in-place write through a view
+                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content).permute(2, 0, 1).reshape(dq.shape)
+            else:
+                _content_queries(dq, heads).baddbmm_(context, grad_content)  # into dq's own layout
+        return dq, dv, demb, None, dcontext
 
 
 def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
-                     embeddings: Optional[Tensor] = None) -> Tensor:
+                     embeddings: Optional[Tensor] = None, context: Optional[Tensor] = None):
     """Column-only positional attention, GSA appendix eq. (5)-(7).
 
     ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq. (2)).
@@ -199,9 +237,13 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
             cache-sized on the CPU, one while a graph is captured).
         embeddings (Tensor, optional): ``[H, H, dkh]``, ``table`` already read at every pair
             (:func:`axial_embeddings`), instead of ``table``.
+        context (Tensor, optional): ``[B * Nh, dkh, dvh]`` (:func:`content_context`): content
+            attention's product with the same ``q`` is computed in this kernel too, so ``q``'s
+            gradients from both branches meet in it.
 
     Returns:
-        Tensor: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of ``q``'s dtype.
+        Tensor | tuple[Tensor, Tensor]: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of
+        ``q``'s dtype; with ``context``, content attention's output (same shape) too.
     """
     B, Nh, dk, H, W = q.shape
     device = kernel_device(q.device.type)
@@ -217,10 +259,15 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
             embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
         emb = embeddings.transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
         if torch.is_grad_enabled() and not torch.jit.is_tracing():
-            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk)  # [G, H, dvh]
+            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk, context)  # [G, H, dvh]
         else:  # inference, trace and export: plain ops, no autograd.Function in the graph
             out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
-    return out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)
+            out = out if context is None else (out, _content_product(qc, context))
+        content = None
+        if context is not None:
+            out, content = out  # [G, H, dvh], [B * Nh, dvh, HW]
+    out = out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)
+    return out if context is None else (out, content.view(B, Nh, -1, H, W))
 
 
 def row_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
@@ -246,9 +293,9 @@ def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype
     Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
     tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
     if graph_mode():  # the index built in the graph, plain views
-        emb = tables[_axial_index(H, Mc, W, Mr, tables.device)].to(dtype)
+        emb = F.embedding(_axial_index(H, Mc, W, Mr, tables.device), tables).to(dtype)
         return emb[:H * H].view(H, H, -1), emb[H * H:].view(W, W, -1)
-    emb = tables[_cached_axial_index(H, Mc, W, Mr, tables.device)].to(dtype)  # [H * H + W * W, dkh]
+    emb = F.embedding(_cached_axial_index(H, Mc, W, Mr, tables.device), tables).to(dtype)  # [H * H + W * W, dkh]
     return _SplitRows.apply(emb, ((H, H), (W, W)))
 
 
@@ -448,14 +495,20 @@ class GlobalSelfAttention2d(BaseModule):
             ops = dict(zip(self.operands, _GSAOperands.apply(*args)))
         else:  # inference, compile and export: the same tensors, autograd's own backward
             ops = dict(zip(self.operands, gsa_operands(*args)))
-        out = content_attention(ops['q'], ops['k'], ops['v']) if 'content' in self.components else 0
+        # with a column branch, content attention's product with q runs in its kernel
+        alone = 'content' in self.components and 'column' not in self.components
+        out = content_attention(ops['q'], ops['k'], ops['v']) if alone else 0
         emb_col = emb_row = None
         if 'column' in self.components and 'row' in self.components:  # both axes' embeddings at once
             emb_col, emb_row = axial_embeddings(self.relative_table('column', H), self.relative_table('row', W),
                                                 H, W, ops['q'].dtype)
         if 'column' in self.components:
             pos = column_attention(ops['q'], ops['v_column'], None if emb_col is not None else
-                                   self.relative_table('column', H), embeddings=emb_col)
+                                   self.relative_table('column', H), embeddings=emb_col,
+                                   context=content_context(ops['k'], ops['v'], ops['q'].dtype)
+                                   if 'content' in self.components else None)
+            if 'content' in self.components:
+                pos, out = pos
             if self.axial_mean:
                 pos = pos / H
             if 'row' in self.components:

@@ -88,8 +88,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     """
     M = (table.shape[0] + 1) // 2
     if graph_mode():  # built in the graph: no size baked in as a constant
-        return table[relative_index(length, M, table.device)]
-    return table[_cached_relative_index(length, M, torch.device(table.device))]
+        return F.embedding(relative_index(length, M, table.device), table)
+    return F.embedding(_cached_relative_index(length, M, torch.device(table.device)), table)
 
 
 #: :func:`relative_index` of the sizes seen last (multiscale jitter: a few per stage and axis)
@@ -167,7 +167,7 @@ def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
     if H <= Mh and W <= Mw:  # offset -(H - 1) at column Mh - H, -(W - 1) at 2Mh - 1 + Mw - W
         first_h, first_w = Mh - H, 2 * Mh - 1 + Mw - W
     else:  # clipped offsets: [2H - 1 + 2W - 1, d]
-        rows = rows[_skewed_rows(H, Mh, W, Mw, rows.device)]
+        rows = F.embedding(_skewed_rows(H, Mh, W, Mw, rows.device), rows)
         first_h, first_w = 0, 2 * H - 1
     qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, columns]
     sb, sn, sh, sw = Nh * H * W * qr.shape[1], H * W * qr.shape[1], W * qr.shape[1], qr.shape[1]

@@ -113,7 +113,9 @@ def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch
         qkv (Tensor): ``[B, 2 dk + dv, H, W]``: ``q``, ``k``, ``v`` channels of ``sizes``.
         layouts (Sequence[tuple]): ``(part, order)`` per operand: ``part`` 0 (``q``), 1 (``k``)
             or 2 (``v``); ``order`` None for a view, else the memory order of a copy in
-            ``dtype`` (e.g. :data:`AXIAL_Q`).
+            ``dtype`` (e.g. :data:`AXIAL_Q`), a copy even where the part is laid out so already
+            (content attention's ``v`` at batch 1): a view saved for the backward would keep the
+            whole qkv output alive.
 
     Returns:
         list[Tensor]: ``[B, Nh, d, H, W]`` each, the copies laid out in their ``order``.
@@ -121,7 +123,8 @@ def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch
     B, _, H, W = qkv.shape
     parts = [t.reshape(B, num_heads, -1, H, W) for t in qkv.split(list(sizes), 1)]
     return [parts[part] if order is None else
-            packed(parts[part].permute(order), dtype).permute([order.index(i) for i in range(5)])
+            parts[part].permute(order).to(dtype, memory_format=torch.contiguous_format, copy=True)
+            .permute([order.index(i) for i in range(5)])
             for part, order in layouts]
 
 

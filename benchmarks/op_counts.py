@@ -151,14 +151,15 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=False):
+def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=False, with_cp=False):
     """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table."""
     from mmdet.registry import MODELS
 
     import aa_det  # noqa: F401  (registers the backbones)
     from aa_det.models.layers.kernel_policy import force_policy
     torch.manual_seed(0)
-    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval))
+    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval,
+                              with_cp=with_cp))
     model.train()
     x = torch.randn(batch, 3, size, size)
     counter, flops = OpCounter(), FlopCounterMode(display=False)
@@ -191,17 +192,21 @@ def main():
                         help="BatchNorm frozen in eval mode (mmdet's ResNet default, for pretrained backbones; "
                              "how the counts before 2026-11-24's fifth session were taken); default: BatchNorm "
                              "trains, as in the from-scratch recipe (norm_eval=False)")
+    parser.add_argument('--with-cp', action='store_true',
+                        help="mmdet's with_cp: each residual block recomputes its forward in the backward "
+                             "(memory for time and launches)")
     args = parser.parse_args()
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     print(f'policy={args.policy} on the CPU, {"fp32" if args.fp32 else "bf16 autocast"}, backbone forward+backward '
-          f'at {args.size}x{args.size}, BatchNorm {"frozen (norm_eval)" if args.norm_eval else "training"}; '
+          f'at {args.size}x{args.size}, BatchNorm {"frozen (norm_eval)" if args.norm_eval else "training"}'
+          f'{", with_cp" if args.with_cp else ""}; '
           f'ops = non-view aten ops dispatched')
     print(f'{"backbone":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
           f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
     for batch in args.batch:
         base = None
         for name in args.models:
-            r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval)
+            r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval, args.with_cp)
             base = r if name == 'ResNet-50' else base
 
             def ratio(key, r=r, base=base):

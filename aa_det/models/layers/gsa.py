@@ -29,8 +29,8 @@ from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands', 'column_attention',
-           'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands',
+           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 
@@ -220,7 +220,8 @@ class _AxialRelativeAttention(torch.autograd.Function):
             heads = context.shape[0]
             dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
             if graph_mode():  # a captured graph fuses the sum; no in-place write through a view
-                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content).permute(2, 0, 1).reshape(dq.shape)
+                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
+                dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
             else:
                 _content_queries(dq, heads).baddbmm_(context, grad_content)  # into dq's own layout
         return dq, dv, demb, None, dcontext

@@ -286,7 +286,7 @@ def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype
 
     The float32 (float64) tables are read through one index into their concatenation
     (cached per size outside a captured graph); the gradients of both axes return into one
-    tensor, are cast back in one op and scattered into the tables in one.
+    tensor, are cast back in one op and summed into the tables in one (``F.embedding``'s backward).
 
     Args:
         table_col, table_row (Tensor): ``[2Mc - 1, dkh]``, ``[2Mr - 1, dkh]``.

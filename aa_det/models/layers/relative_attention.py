@@ -76,7 +76,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     with :func:`relative_index`'s clipped offsets, in one gather.
 
     The index is a constant, cached per size and device outside a captured graph, so the
-    forward is one op and the backward one accumulating scatter into zeros, at any ``L``
+    forward is one op (``F.embedding``) and the backward one (its dense backward, where
+    indexing's is a zero fill and an accumulating ``index_put``), at any ``L``
     (offsets beyond the table clip in the index, with no per-end-row slices and sums).
 
     Args:

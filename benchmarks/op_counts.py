@@ -151,8 +151,56 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
+class SavedForBackward:
+    """Bytes a forward saves for its backward, by the innermost module running when each tensor was
+    saved (``torch.autograd.graph.saved_tensors_hooks``): distinct storages, parameters excluded, so
+    a tensor saved by two ops (a ReLU's output and the next conv's input) counts once, for the first.
+    """
+
+    def __init__(self, model):
+        self.model, self.names, self.by_module = model, [''], collections.Counter()
+        self._skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def _pack(self, t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self._skip:
+            self._skip.add(storage.data_ptr())
+            self.by_module[self.names[-1]] += storage.nbytes()
+        return t
+
+    def _leave(self, module, args, output):
+        self.names.pop()  # returns None: the output is kept
+
+    def __enter__(self):
+        self._handles = [h for name, m in self.model.named_modules() for h in (
+            m.register_forward_pre_hook(lambda m, args, name=name: self.names.append(name)),
+            m.register_forward_hook(self._leave))]
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+
+    def by_kind(self):
+        """Bytes by module path within a residual block (``conv2``, ``conv2.norm_col``,
+        ``downsample.1``; the block's own ops ``block``; outside the stages ``stem.<name>``), summed
+        over the blocks."""
+        kinds = collections.Counter()
+        for name, size in self.by_module.items():
+            parts = name.split('.')
+            if parts[0].startswith('layer'):
+                kinds['.'.join(parts[2:]) or ('block' if len(parts) == 2 else 'stage')] += size
+            else:
+                kinds[f'stem.{name}' if name else 'backbone'] += size
+        return kinds
+
+
 def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=False, with_cp=False):
-    """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table."""
+    """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table
+    and the bytes saved for the backward by module kind (:class:`SavedForBackward`)."""
     from mmdet.registry import MODELS
 
     import aa_det  # noqa: F401  (registers the backbones)
@@ -162,7 +210,7 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=Fa
                               with_cp=with_cp))
     model.train()
     x = torch.randn(batch, 3, size, size)
-    counter, flops = OpCounter(), FlopCounterMode(display=False)
+    counter, flops, saved = OpCounter(), FlopCounterMode(display=False), SavedForBackward(model)
     if policy == 'cuda':
         F.scaled_dot_product_attention = _counted_sdpa
 
@@ -171,13 +219,13 @@ def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=Fa
         with torch.autocast(**amp):  # a size's first learning pass builds the cached constants
             model(x)
         with flops, counter:
-            with torch.autocast(**amp):  # a new autocast context per step, as in training: weights cast anew
+            with torch.autocast(**amp), saved:  # a new autocast context per step, as in training: weights cast anew
                 feats = model(x)
             sum(f.float().mean() for f in feats).backward()
     F.scaled_dot_product_attention = _sdpa
     return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),
                 bytes=sum(counter.bytes.values()), peak=counter.peak, table=counter.ops,
-                bytes_table=counter.bytes)
+                bytes_table=counter.bytes, saved=saved.by_kind())
 
 
 def main():
@@ -188,6 +236,8 @@ def main():
     parser.add_argument('--policy', default='cuda', choices=['cuda', 'cpu'])
     parser.add_argument('--fp32', action='store_true', help='no autocast (default: bf16 autocast)')
     parser.add_argument('--top', type=int, default=0, help='also print the N most frequent ops per model')
+    parser.add_argument('--saved', action='store_true',
+                        help='also print the bytes saved for the backward, by module kind (SavedForBackward)')
     parser.add_argument('--norm-eval', action='store_true',
                         help="BatchNorm frozen in eval mode (mmdet's ResNet default, for pretrained backbones; "
                              "how the counts before 2026-11-24's fifth session were taken); default: BatchNorm "
@@ -217,6 +267,9 @@ def main():
             if args.top:
                 print('    ' + ', '.join(f'{op} {n} ({r["bytes_table"][op] / 2 ** 30:.2f} GiB)'
                                          for op, n in r['table'].most_common(args.top)))
+            if args.saved:
+                print(f'    saved for the backward {sum(r["saved"].values()) / 2 ** 30:.3f} GiB: ' +
+                      ', '.join(f'{kind} {n / 2 ** 30:.3f}' for kind, n in r['saved'].most_common()))
 
 
 if __name__ == '__main__':

@@ -112,6 +112,43 @@ def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_pat
     assert records and max(max(r) for r in records) == 7  # as eager (8x8 maps), recorded in the graph
 
 
+def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
+    """mmengine's ``compile`` option compiles ``train_step``, the optimizer step included: with the
+    configs' ``paramwise_cfg``, mmengine's constructor gives ``ConfigDict`` param groups, where
+    dynamo stopped in ``SGD.step`` (docs/design.md); ``load_config`` builds them plain."""
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+    cfg = load_config(DEMO, cfg_options={'compile': True})
+    assert cfg.optim_wrapper.constructor == 'PlainGroupsOptimWrapperConstructor'
+    assert 'constructor' not in load_config(DEMO).optim_wrapper  # without compile: mmengine's own
+    init_default_scope(cfg.default_scope)
+    model = MODELS.build(cfg.model.backbone)
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    decay = {group['weight_decay'] for group in wrapper.param_groups}
+    assert decay == {0.0, cfg.optim_wrapper.optimizer.weight_decay}  # paramwise_cfg still applied
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in model.parameters()]
+    torch._dynamo.reset()
+    torch.compile(wrapper.optimizer.step, backend='eager')()  # as train_step runs it (torch's own graph break)
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+@pytest.mark.slow  # 1-3 minutes on 2 cores
+def test_runner_compile_option_trains_the_demo(tiny_shapes, tmp_path):
+    """``compile=dict(backend='eager')`` in a config (mmengine's Runner option): the whole
+    ``train_step`` goes through dynamo (graph breaks in mmdet's target assignment) and trains."""
+    extra = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4, 'compile': dict(backend='eager')}
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **extra))
+    cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
+    torch._dynamo.reset()
+    runner = build_runner(cfg)
+    runner.train()
+    assert runner.iter == 2 and hasattr(runner.model.train_step, '_torchdynamo_orig_callable')
+    assert torch.isfinite(torch.tensor(runner.message_hub.get_scalar('train/loss').current()))
+
+
 @pytest.mark.parametrize('launcher', ['none', 'pytorch'])
 def test_syncbn_configs_load_runnable_without_gpus(launcher):
     """The paper's SyncBN configs: BN in one process, and in a CPU process group (DDP, no device ids)."""

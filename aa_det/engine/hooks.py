@@ -5,11 +5,11 @@
   ``logger.info`` it passes) after a traceback. This one checks the same loss at the same
   interval and stops training with a :class:`NonFiniteLossError`, which the tools print as one
   ``aa_det:`` line.
-* ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only. mmengine 0.10.7's
-  Runner option ``compile`` compiles the whole ``train_step``, optimizer step included, where
-  dynamo (torch 2.14) fails inside ``SGD.step`` (``InternalTorchDynamoError: 'UserDefinedDictVariable'
-  object has no attribute 'items'``, mmengine's param groups); the attention kernels are in the
-  backbone (docs/design.md, "Compiling and exporting").
+* ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only, in one graph
+  (``fullgraph=True``) for every size with ``dynamic=True``. mmengine's Runner option ``compile``
+  compiles the whole ``train_step`` instead (it runs since :func:`aa_det.engine.load_config`
+  builds plain param groups for it), with graph breaks in mmdet's target assignment and logging;
+  the attention kernels are in the backbone (docs/design.md, "Compiling and exporting").
 """
 from typing import Optional
 

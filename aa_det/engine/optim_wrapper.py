@@ -1,15 +1,19 @@
-"""Mixed precision training on the CPU: bf16 autocast in mmengine's optimizer wrapper.
+"""mmengine's optimizer wrapper where mmengine 0.10.7 stops on a CPU or under ``torch.compile``.
 
-mmengine 0.10.7's ``AmpOptimWrapper`` asserts a GPU (CUDA, NPU, MLU or MUSA), so
-``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
-:func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
+* Mixed precision on the CPU: mmengine's ``AmpOptimWrapper`` asserts a GPU (CUDA, NPU, MLU or
+  MUSA), so ``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
+  :func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
+* The Runner's ``compile`` option: with a ``paramwise_cfg`` (every detection config here),
+  mmengine's constructor makes each param group a ``ConfigDict``, and dynamo (torch 2.1 to 2.14)
+  stops at the optimizer step that ``train_step`` runs; :func:`aa_det.engine.load_config` builds
+  the wrapper with :class:`PlainGroupsOptimWrapperConstructor` when ``compile`` is set.
 """
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
-from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
+from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -47,3 +51,27 @@ class CPUAmpOptimWrapper(OptimWrapper):
         """
         with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
             yield
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class PlainGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+    """mmengine's default constructor, whose optimizer's param groups are plain ``dict``.
+
+    With a ``paramwise_cfg``, ``DefaultOptimWrapperConstructor`` passes the optimizer its
+    groups as ``ConfigDict``, which ``torch.compile`` cannot trace through an optimizer step
+    (``InternalTorchDynamoError: 'UserDefinedDictVariable' object has no attribute 'items'``, in
+    ``SGD.step``: docs/design.md, "Compiling and exporting"). The groups' contents are unchanged.
+
+    Examples:
+        >>> constructor = PlainGroupsOptimWrapperConstructor(
+        ...     dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, weight_decay=1e-4)),
+        ...     dict(norm_decay_mult=0.0))
+        >>> {type(group).__name__ for group in constructor(nn.Linear(2, 2)).param_groups}
+        {'dict'}
+    """
+
+    def __call__(self, model: nn.Module) -> OptimWrapper:
+        wrapper = super().__call__(model)
+        groups = wrapper.optimizer.param_groups
+        groups[:] = [dict(group) for group in groups]
+        return wrapper

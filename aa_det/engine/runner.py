@@ -45,6 +45,9 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     * ``CocoDataset`` in the dataloaders becomes ``CheckedCocoDataset`` (the same
       dataset; it names the file of a JSON syntax error, logs the annotations it
       skips and checks that its images exist).
+    * ``compile`` (mmengine's Runner option, ``torch.compile`` of ``train_step``): the optimizer
+      wrapper is built by ``PlainGroupsOptimWrapperConstructor`` (mmengine's, with plain ``dict``
+      param groups, which dynamo can trace) unless the config names another constructor.
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
     * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may
       load a checkpoint that does not fit the model (see :func:`build_runner`).
@@ -77,6 +80,9 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         for key in ('loss_scale', 'dtype', 'use_fsdp'):
             cfg.optim_wrapper.pop(key, None)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+    if cfg.get('compile') and cfg.get('optim_wrapper') is not None and \
+            cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
+        cfg.optim_wrapper.constructor = 'PlainGroupsOptimWrapperConstructor'
     for name in ('val_evaluator', 'test_evaluator'):
         _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
     for split in ('train', 'val', 'test'):

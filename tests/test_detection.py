@@ -121,7 +121,9 @@ def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     from mmdet.registry import MODELS
     cfg = load_config(DEMO, cfg_options={'compile': True})
     assert cfg.optim_wrapper.constructor == 'PlainGroupsOptimWrapperConstructor'
-    assert 'constructor' not in load_config(DEMO).optim_wrapper  # without compile: mmengine's own
+    assert load_config(DEMO, cfg_options={'compile': {}}).optim_wrapper.constructor == cfg.optim_wrapper.constructor
+    for off in (None, False):  # without compile: mmengine's own
+        assert 'constructor' not in load_config(DEMO, cfg_options={'compile': off}).optim_wrapper
     init_default_scope(cfg.default_scope)
     model = MODELS.build(cfg.model.backbone)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)

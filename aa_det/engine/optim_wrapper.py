@@ -71,6 +71,8 @@ class PlainGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     """
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
+        """Build mmengine's wrapper, then copy each param group into a ``dict`` in place (before
+        any step, so no optimizer state refers to the groups)."""
         wrapper = super().__call__(model)
         groups = wrapper.optimizer.param_groups
         groups[:] = [dict(group) for group in groups]

@@ -80,7 +80,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         for key in ('loss_scale', 'dtype', 'use_fsdp'):
             cfg.optim_wrapper.pop(key, None)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
-    if cfg.get('compile') and cfg.get('optim_wrapper') is not None and \
+    compiles = cfg.get('compile') not in (None, False)  # as mmengine reads it: True or a dict, even empty
+    if compiles and cfg.get('optim_wrapper') is not None and \
             cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
         cfg.optim_wrapper.constructor = 'PlainGroupsOptimWrapperConstructor'
     for name in ('val_evaluator', 'test_evaluator'):

@@ -112,6 +112,8 @@ def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_pat
     assert records and max(max(r) for r in records) == 7  # as eager (8x8 maps), recorded in the graph
 
 
+@pytest.mark.skipif(TORCH_VERSION < (2, 4), reason="torch 2.1's dynamo steps ConfigDict groups, but failed tracing "
+                    'SGD momentum in a full run (list index out of range in _single_tensor_sgd)')
 def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     """mmengine's ``compile`` option compiles ``train_step``, the optimizer step included: with the
     configs' ``paramwise_cfg``, mmengine's constructor gives ``ConfigDict`` param groups, where

@@ -4,7 +4,7 @@
   MUSA), so ``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
   :func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
 * The Runner's ``compile`` option: with a ``paramwise_cfg`` (every detection config here),
-  mmengine's constructor makes each param group a ``ConfigDict``, and dynamo (torch 2.1 to 2.14)
+  mmengine's constructor makes each param group a ``ConfigDict``, and dynamo (torch 2.14; 2.1.2 steps them)
   stops at the optimizer step that ``train_step`` runs; :func:`aa_det.engine.load_config` builds
   the wrapper with :class:`PlainGroupsOptimWrapperConstructor` when ``compile`` is set.
 """

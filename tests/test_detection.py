@@ -112,31 +112,78 @@ def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_pat
     assert records and max(max(r) for r in records) == 7  # as eager (8x8 maps), recorded in the graph
 
 
-@pytest.mark.skipif(TORCH_VERSION < (2, 4), reason="torch 2.1's dynamo steps ConfigDict groups, but failed tracing "
-                    'SGD momentum in a full run (list index out of range in _single_tensor_sgd)')
 def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     """mmengine's ``compile`` option compiles ``train_step``, the optimizer step included: with the
     configs' ``paramwise_cfg``, mmengine's constructor gives ``ConfigDict`` param groups, where
-    dynamo stopped in ``SGD.step`` (docs/design.md); ``load_config`` builds them plain."""
+    torch 2.14's dynamo stopped in ``SGD.step``, and torch 2.1's stopped at the first step of the
+    CPU's per-tensor SGD with momentum (docs/design.md); ``load_config`` builds plain groups and
+    foreach SGD, and leaves the config itself as it was."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
     from mmdet.registry import MODELS
     cfg = load_config(DEMO, cfg_options={'compile': True})
-    assert cfg.optim_wrapper.constructor == 'PlainGroupsOptimWrapperConstructor'
+    assert cfg.optim_wrapper.constructor == 'CompileOptimWrapperConstructor'
     assert load_config(DEMO, cfg_options={'compile': {}}).optim_wrapper.constructor == cfg.optim_wrapper.constructor
     for off in (None, False):  # without compile: mmengine's own
         assert 'constructor' not in load_config(DEMO, cfg_options={'compile': off}).optim_wrapper
     init_default_scope(cfg.default_scope)
     model = MODELS.build(cfg.model.backbone)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert 'foreach' not in cfg.optim_wrapper.optimizer and cfg.optim_wrapper.optimizer.momentum > 0
+    assert wrapper.optimizer.defaults['foreach'] is True
     decay = {group['weight_decay'] for group in wrapper.param_groups}
     assert decay == {0.0, cfg.optim_wrapper.optimizer.weight_decay}  # paramwise_cfg still applied
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     before = [p.detach().clone() for p in model.parameters()]
     torch._dynamo.reset()
-    torch.compile(wrapper.optimizer.step, backend='eager')()  # as train_step runs it (torch's own graph break)
+    step = torch.compile(wrapper.optimizer.step, backend='eager')  # as train_step runs it
+    step()  # the first step creates the momentum buffers
+    step()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize('version', [(2, 1), (2, 14)], ids=['torch2.1', 'torch2.14'])
+def test_runner_compile_option_settings_per_torch(monkeypatch, version):
+    """With ``compile`` set, ``load_config`` adds ``EagerDataPreprocessorHook`` once; on torch < 2.4
+    (the version ``load_config`` reads is set here, so both branches run on either stack) shapes
+    are static, and ``dynamic=True`` is one clear error before anything is built."""
+    import aa_det.engine.runner as runner_module
+    monkeypatch.setattr(runner_module, 'TORCH_VERSION', version)
+    cfg = load_config(DEMO, cfg_options={'compile': True})
+    assert [hook['type'] for hook in cfg.custom_hooks].count('EagerDataPreprocessorHook') == 1
+    again = load_config(DEMO, cfg_options={'compile': True, 'custom_hooks': [dict(type='EagerDataPreprocessorHook')]})
+    assert [hook['type'] for hook in again.custom_hooks] == ['EagerDataPreprocessorHook']
+    assert 'custom_hooks' not in load_config(DEMO) or not any(
+        hook['type'] == 'EagerDataPreprocessorHook' for hook in load_config(DEMO).custom_hooks)
+    dynamic = {'compile': dict(backend='eager', dynamic=True)}
+    if version < (2, 4):
+        assert cfg.compile == dict(dynamic=False)
+        assert load_config(DEMO, cfg_options={'compile': dict(backend='eager')}).compile == dict(backend='eager',
+                                                                                                dynamic=False)
+        with pytest.raises(ConfigError, match=r'compile.dynamic=True needs torch >= 2.4 .*set compile.dynamic=False'):
+            load_config(DEMO, cfg_options=dynamic)
+    else:
+        assert cfg.compile is True and load_config(DEMO, cfg_options=dynamic).compile.dynamic is True
+
+
+def test_eager_data_preprocessor_hook_keeps_the_preprocessor_out_of_dynamo(tiny_shapes, tmp_path):
+    """The Runner that ``load_config`` + ``build_runner`` make with ``compile`` set preprocesses a
+    jittered batch under ``torch.compile`` (torch 2.1's dynamo stopped in mmengine's
+    ``stack_batch`` there), with the same result as eagerly."""
+    from aa_det.engine import EagerDataPreprocessorHook
+    cfg = load_config(DEMO, work_dir=str(tmp_path),
+                      cfg_options=demo_options(tiny_shapes, **{'compile': True, 'train_dataloader.batch_size': 4}))
+    runner = build_runner(cfg)
+    hook = next(hook for hook in runner.hooks if isinstance(hook, EagerDataPreprocessorHook))
+    batch = next(iter(runner.train_dataloader))
+    assert len({tuple(image.shape) for image in batch['inputs']}) > 1  # sizes to stack and pad
+    preprocess = runner.model.data_preprocessor
+    expected = preprocess(batch, True)['inputs']
+    hook.before_train(runner)
+    torch._dynamo.reset()
+    result = torch.compile(lambda data: preprocess(data, True), backend='eager')(batch)['inputs']
+    assert torch.equal(result, expected)
 
 
 @pytest.mark.slow  # 1-3 minutes on 2 cores

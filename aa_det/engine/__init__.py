@@ -1,12 +1,12 @@
 """Training-loop pieces: config loading and Runner construction for the tools (checkpoints
-checked before the run), the ``CPUAmpOptimWrapper`` and ``PlainGroupsOptimWrapperConstructor``
-registered in mmengine's registries, and the ``StopOnNonFiniteLoss`` and ``CompileBackboneHook``
-hooks."""
+checked before the run), the ``CPUAmpOptimWrapper`` and ``CompileOptimWrapperConstructor``
+registered in mmengine's registries, and the ``StopOnNonFiniteLoss``, ``CompileBackboneHook`` and
+``EagerDataPreprocessorHook`` hooks."""
 from .errors import ConfigError
-from .hooks import CompileBackboneHook, NonFiniteLossError, StopOnNonFiniteLoss
-from .optim_wrapper import CPUAmpOptimWrapper, PlainGroupsOptimWrapperConstructor
+from .hooks import CompileBackboneHook, EagerDataPreprocessorHook, NonFiniteLossError, StopOnNonFiniteLoss
+from .optim_wrapper import CPUAmpOptimWrapper, CompileOptimWrapperConstructor
 from .runner import build_runner, check_coco_annotation, load_config
 
-__all__ = ['CPUAmpOptimWrapper', 'CompileBackboneHook', 'ConfigError', 'NonFiniteLossError',
-           'PlainGroupsOptimWrapperConstructor', 'StopOnNonFiniteLoss',
+__all__ = ['CPUAmpOptimWrapper', 'CompileBackboneHook', 'CompileOptimWrapperConstructor', 'ConfigError',
+           'EagerDataPreprocessorHook', 'NonFiniteLossError', 'StopOnNonFiniteLoss',
            'build_runner', 'check_coco_annotation', 'load_config']

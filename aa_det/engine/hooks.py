@@ -7,9 +7,11 @@
   ``aa_det:`` line.
 * ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only, in one graph
   (``fullgraph=True``) for every size with ``dynamic=True``. mmengine's Runner option ``compile``
-  compiles the whole ``train_step`` instead (it runs since :func:`aa_det.engine.load_config`
-  builds plain param groups for it), with graph breaks in mmdet's target assignment and logging;
-  the attention kernels are in the backbone (docs/design.md, "Compiling and exporting").
+  compiles the whole ``train_step`` instead (it runs with what :func:`aa_det.engine.load_config`
+  sets for it), with graph breaks in mmdet's target assignment and logging; the attention kernels
+  are in the backbone (docs/design.md, "Compiling and exporting").
+* ``EagerDataPreprocessorHook``: the data preprocessor outside ``torch.compile``, for the Runner's
+  ``compile`` option (``load_config`` adds it).
 """
 from typing import Optional
 
@@ -75,4 +77,21 @@ class CompileBackboneHook(Hook):
         runner.logger.info(f'backbone forward compiled with torch.compile({self.compile_cfg})')
 
 
-__all__ = ['CompileBackboneHook', 'NonFiniteLossError', 'StopOnNonFiniteLoss']
+@HOOKS.register_module()
+class EagerDataPreprocessorHook(Hook):
+    """Run the data preprocessor outside ``torch.compile`` (a graph break at its call).
+
+    mmengine's Runner option ``compile`` traces the whole ``train_step``, the data
+    preprocessor included, where dynamo stops in mmengine's ``stack_batch`` on torch 2.1
+    (``scalar_tensor(): argument 's' (position 1) must be Number``) and inductor stops with
+    ``dynamic=True`` on torch 2.14 (``cannot determine truth value of Relational``); its
+    normalisation and padding are a few element-wise ops, not worth a graph.
+    :func:`aa_det.engine.load_config` adds this hook when ``compile`` is set.
+    """
+
+    def before_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model.data_preprocessor.forward = torch._dynamo.disable(model.data_preprocessor.forward)
+
+
+__all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'StopOnNonFiniteLoss']

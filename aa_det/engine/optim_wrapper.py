@@ -3,17 +3,19 @@
 * Mixed precision on the CPU: mmengine's ``AmpOptimWrapper`` asserts a GPU (CUDA, NPU, MLU or
   MUSA), so ``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
   :func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
-* The Runner's ``compile`` option: with a ``paramwise_cfg`` (every detection config here),
-  mmengine's constructor makes each param group a ``ConfigDict``, and dynamo (torch 2.14; 2.1.2 steps them)
-  stops at the optimizer step that ``train_step`` runs; :func:`aa_det.engine.load_config` builds
-  the wrapper with :class:`PlainGroupsOptimWrapperConstructor` when ``compile`` is set.
+* The Runner's ``compile`` option traces the optimizer step that ``train_step`` runs. With a
+  ``paramwise_cfg`` (every detection config here), mmengine's constructor makes each param group a
+  ``ConfigDict``, where dynamo stops on torch 2.14; torch 2.1's dynamo stops at the first step of
+  SGD's per-tensor kernel with momentum (the CPU's default). :func:`aa_det.engine.load_config`
+  builds the wrapper with :class:`CompileOptimWrapperConstructor` when ``compile`` is set.
 """
+import inspect
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -54,21 +56,38 @@ class CPUAmpOptimWrapper(OptimWrapper):
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
-class PlainGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """mmengine's default constructor, whose optimizer's param groups are plain ``dict``.
+class CompileOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+    """mmengine's default constructor, for an optimizer step that ``torch.compile`` can trace.
 
-    With a ``paramwise_cfg``, ``DefaultOptimWrapperConstructor`` passes the optimizer its
-    groups as ``ConfigDict``, which ``torch.compile`` cannot trace through an optimizer step
-    (``InternalTorchDynamoError: 'UserDefinedDictVariable' object has no attribute 'items'``, in
-    ``SGD.step``: docs/design.md, "Compiling and exporting"). The groups' contents are unchanged.
+    Two differences, neither of which changes the update:
+
+    * The param groups are plain ``dict``. With a ``paramwise_cfg``,
+      ``DefaultOptimWrapperConstructor`` passes them as ``ConfigDict``, and torch 2.14's dynamo
+      stops in ``SGD.step`` (``InternalTorchDynamoError: 'UserDefinedDictVariable' object has no
+      attribute 'items'``).
+    * ``foreach=True`` where the optimizer takes it and the config does not set it (CUDA's
+      default already). On the CPU, torch 2.1's dynamo stops at the first step of SGD's per-tensor
+      kernel with momentum (``list index out of range`` in ``_single_tensor_sgd``).
+
+    docs/design.md, "Compiling and exporting", has both reproductions.
 
     Examples:
-        >>> constructor = PlainGroupsOptimWrapperConstructor(
-        ...     dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, weight_decay=1e-4)),
+        >>> constructor = CompileOptimWrapperConstructor(
+        ...     dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4)),
         ...     dict(norm_decay_mult=0.0))
-        >>> {type(group).__name__ for group in constructor(nn.Linear(2, 2)).param_groups}
-        {'dict'}
+        >>> optimizer = constructor(nn.Linear(2, 2)).optimizer
+        >>> {type(group).__name__ for group in optimizer.param_groups}, optimizer.defaults['foreach']
+        ({'dict'}, True)
     """
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: dict = None):
+        super().__init__(optim_wrapper_cfg, paramwise_cfg)
+        optimizer_type = self.optimizer_cfg['type']
+        if isinstance(optimizer_type, str):  # looked up as mmengine's constructor does
+            with OPTIMIZERS.switch_scope_and_registry(None) as registry:
+                optimizer_type = registry.get(optimizer_type)
+        if optimizer_type is not None and 'foreach' in inspect.signature(optimizer_type).parameters:
+            self.optimizer_cfg = {'foreach': True, **self.optimizer_cfg}  # a copy: the config is not changed
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
         """Build mmengine's wrapper, then copy each param group into a ``dict`` in place (before

@@ -11,6 +11,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from ..utils.compat import TORCH_VERSION
 from .checkpoints import check_checkpoint_fits, check_run_checkpoint
 from .errors import ConfigError
 from .model_checks import check_model_config
@@ -26,6 +27,26 @@ def _replace_type(cfg, old: str, new: str):
     elif isinstance(cfg, (list, tuple)):
         for value in cfg:
             _replace_type(value, old, new)
+
+
+def _prepare_compile(cfg: Config, path: str) -> None:
+    """Make mmengine's ``compile`` option (``torch.compile`` of ``train_step``) run: an optimizer
+    step dynamo can trace, the data preprocessor outside the graph and, on torch < 2.4, static
+    shapes (docs/design.md, "Compiling and exporting")."""
+    if cfg.get('optim_wrapper') is not None and \
+            cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
+        cfg.optim_wrapper.constructor = 'CompileOptimWrapperConstructor'
+    hooks = list(cfg.get('custom_hooks') or [])
+    if not any(hook.get('type') == 'EagerDataPreprocessorHook' for hook in hooks):
+        cfg.custom_hooks = hooks + [dict(type='EagerDataPreprocessorHook')]
+    if TORCH_VERSION < (2, 4):
+        compile_cfg = dict(cfg.compile) if isinstance(cfg.compile, dict) else {}
+        if compile_cfg.get('dynamic'):
+            raise ConfigError(f'{path}: compile.dynamic=True needs torch >= 2.4 (this is torch {torch.__version__}, whose '
+                              "dynamo stops at symbolic sizes in mmdet's FocalLoss and in the attention kernels); "
+                              'set compile.dynamic=False (one compile per input size)')
+        compile_cfg['dynamic'] = False  # torch 2.1 turns a second size dynamic, where it stops as above
+        cfg.compile = compile_cfg
 
 
 def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
@@ -46,8 +67,10 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
       dataset; it names the file of a JSON syntax error, logs the annotations it
       skips and checks that its images exist).
     * ``compile`` (mmengine's Runner option, ``torch.compile`` of ``train_step``): the optimizer
-      wrapper is built by ``PlainGroupsOptimWrapperConstructor`` (mmengine's, with plain ``dict``
-      param groups, which dynamo can trace) unless the config names another constructor.
+      wrapper is built by ``CompileOptimWrapperConstructor`` (plain ``dict`` param groups and
+      foreach kernels, which dynamo can trace) unless the config names another constructor;
+      ``EagerDataPreprocessorHook`` keeps the data preprocessor out of the graph; on torch < 2.4
+      shapes are static (``dynamic=False``; ``dynamic=True`` is a :class:`ConfigError`).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
     * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may
       load a checkpoint that does not fit the model (see :func:`build_runner`).
@@ -80,10 +103,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         for key in ('loss_scale', 'dtype', 'use_fsdp'):
             cfg.optim_wrapper.pop(key, None)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
-    compiles = cfg.get('compile') not in (None, False)  # as mmengine reads it: True or a dict, even empty
-    if compiles and cfg.get('optim_wrapper') is not None and \
-            cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
-        cfg.optim_wrapper.constructor = 'PlainGroupsOptimWrapperConstructor'
+    if cfg.get('compile') not in (None, False):  # as mmengine reads it: True or a dict, even empty
+        _prepare_compile(cfg, path)
     for name in ('val_evaluator', 'test_evaluator'):
         _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
     for split in ('train', 'val', 'test'):

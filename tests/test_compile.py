@@ -49,6 +49,25 @@ def test_layer_compiles_to_one_graph_for_three_sizes(kind):
     assert compiled_layer.offset_range.trained == eager.offset_range.trained == [19, 17]
 
 
+def test_aa_layer_compiles_with_inductor_and_dynamic_shapes():
+    """Inductor (CPU), ``fullgraph=True``, ``dynamic=True``, training mode: the AA layer's output
+    projection stopped inductor at its first size (a saved view whose symbolic strides it could not
+    order; docs/design.md). Outputs and gradients as eager's. About 40 s on 2 cores, cold cache."""
+    torch._dynamo.reset()
+    eager, compiled_layer = _layer('aa').train(), _layer('aa').train()
+    compiled = torch.compile(compiled_layer, fullgraph=True, dynamic=True)
+    x = torch.randn(2, 16, 12, 10, generator=torch.Generator().manual_seed(0))
+    results = []
+    for module, fn in ((eager, eager), (compiled_layer, compiled)):
+        xs = x.clone().requires_grad_()
+        out = fn(xs)
+        results.append((out, torch.autograd.grad(out.square().sum(), [xs] + list(module.parameters()))))
+    (ref, ref_g), (out, g) = results
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_backbone_compiles_with_inductor_fullgraph(backbone):

@@ -251,13 +251,28 @@ class AAConv2d(BaseModule):
         q, k, v, (h, w) = self.qkv_heads(self._attention_input(x), scaled=False)  # the kernel scales
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.head_dim ** -0.5)  # [B, Nh, hw, dvh]
-        attn = attn.transpose(-1, -2).reshape(x.shape[0], self.value_channels, h, w)
-        attn = self.proj(attn)  # [B, dv, h, w]
+        attn = self._project(attn, h, w)  # [B, dv, h, w]
         if (h, w) != out_size:
             attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
         if self.conv is None:
             return attn
         return torch.cat([self.conv(x), attn], dim=1)  # [B, F_out, H / s, W / s]
+
+    def _project(self, attn: Tensor, h: int, w: int) -> Tensor:
+        """``W^O`` (``proj``, a 1x1 conv) on the heads' outputs ``[B, Nh, hw, dvh]``.
+
+        While a graph is captured, one GEMM reads the kernel's output as it is: the 1x1 conv would
+        save a reshaped view of it for the backward, whose strides inductor cannot order with
+        dynamic shapes (torch 2.14.1; docs/design.md, "Compiling and exporting").
+
+        Returns:
+            Tensor: ``[B, dv, h, w]``.
+        """
+        if graph_mode():
+            weight = self.proj.weight.view(self.value_channels, self.num_heads, -1)  # [dv, Nh, dvh]
+            out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
+            return out.unflatten(-1, (h, w)) + self.proj.bias.view(-1, 1, 1)
+        return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
 
     def attention_weights(self, x: Tensor, queries: Tensor) -> Tensor:
         """Attention maps of chosen query positions, for visualisation (AA Fig. 10).

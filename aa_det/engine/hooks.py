@@ -60,8 +60,10 @@ class CompileBackboneHook(Hook):
     """Compile ``model.backbone``'s forward with ``torch.compile`` before training starts.
 
     ``custom_hooks = [dict(type='CompileBackboneHook', dynamic=True)]`` in a config: one graph
-    per backbone with ``fullgraph=True`` (the default), no recompile per size under multiscale
-    jitter with ``dynamic=True``.
+    per backbone with ``fullgraph=True`` (the default), traced once for every size under
+    multiscale jitter with ``dynamic=True``. Inductor on the CPU (torch 2.14.1) still compiles
+    each size once more: every convolution's backward specialises the sizes there
+    (docs/design.md, "Compiling and exporting").
 
     Args:
         **compile_cfg: keyword arguments of ``torch.compile`` (``backend``, ``mode``,

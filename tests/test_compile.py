@@ -49,6 +49,19 @@ def test_layer_compiles_to_one_graph_for_three_sizes(kind):
     assert compiled_layer.offset_range.trained == eager.offset_range.trained == [19, 17]
 
 
+def test_aa_layer_compiled_under_autocast_keeps_its_dtype():
+    """While a graph is captured, AA's output projection is a GEMM plus bias (not the 1x1 conv): its
+    output keeps autocast's dtype, as eager's (an fp32 bias once promoted it to fp32)."""
+    torch._dynamo.reset()
+    layer = _layer('aa').train()
+    x = torch.randn(2, 16, 12, 10)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        ref = layer(x)
+        out = torch.compile(layer, backend='aot_eager', fullgraph=True)(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
+
+
 def test_aa_layer_compiles_with_inductor_and_dynamic_shapes():
     """Inductor (CPU), ``fullgraph=True``, ``dynamic=True``, training mode: the AA layer's output
     projection stopped inductor at its first size (a saved view whose symbolic strides it could not

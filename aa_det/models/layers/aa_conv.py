@@ -271,7 +271,7 @@ class AAConv2d(BaseModule):
         if graph_mode():
             weight = self.proj.weight.view(self.value_channels, self.num_heads, -1)  # [dv, Nh, dvh]
             out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
-            return out.unflatten(-1, (h, w)) + self.proj.bias.view(-1, 1, 1)
+            return out.unflatten(-1, (h, w)) + self.proj.bias.to(out.dtype).view(-1, 1, 1)  # autocast's dtype, as the conv's
         return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
 
     def attention_weights(self, x: Tensor, queries: Tensor) -> Tensor:

@@ -16,15 +16,11 @@ from aa_det.models.layers import gsa as gsa_mod
 from aa_det.models.layers import relative_attention as ra
 from aa_det.models.layers.kernel_policy import (CUDA_AXIAL_ELEMS, axial_chunk_elems, choose_impl, compute_dtype,
                                                 force_policy, kernel_device)
-from aa_det.utils.compat import TORCH_VERSION
 
-#: torch.autocast('cpu', dtype=torch.float16) (torch 2.1 autocasts the CPU to bfloat16 only)
-CPU_FP16 = pytest.mark.skipif(TORCH_VERSION < (2, 4), reason='float16 autocast on the CPU needs torch >= 2.4')
-LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16)]
+from attention_inputs import aa_inputs, rel_err
+from torch_versions import CPU_FP16_AUTOCAST
 
-
-def rel_err(a, ref):
-    return ((a.double() - ref).norm() / ref.norm()).item()
+LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16_AUTOCAST)]
 
 
 class _Ops(TorchDispatchMode):
@@ -58,15 +54,6 @@ def test_policy_follows_the_device_and_can_be_forced():
             pass
 
 
-def _aa_inputs(seed, B=2, Nh=4, H=12, W=10, d=20, dv=3, max_dist=12):
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
-
-    return (rnd(B, Nh, H * W, d, scale=d ** -0.5), rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, dv),
-            rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(B, Nh, H * W, dv))
-
 
 def _grads(out, gout, inputs):
     return [out, *torch.autograd.grad((out.double() * gout).sum(), inputs)]
@@ -79,7 +66,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
     PyTorch's SDPA error on the same attention (relative logits as an additive mask) against the
     float64 loop reference."""
     H, W = 12, 10
-    q, k, v, th, tw, gout = _aa_inputs(0)
+    q, k, v, th, tw, gout = aa_inputs(0)
     ref_inputs = [t.clone().requires_grad_() for t in (q, k, v, th, tw)]
     ref = [t.detach() for t in _grads(ra.attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
     ran = []
@@ -102,13 +89,13 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
         assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
 
 
-@CPU_FP16
+@CPU_FP16_AUTOCAST
 def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
     """Relative logits ~1e5-1e6 (past float16's 65504) under fp16 autocast and the CUDA policy:
     folded through the power-of-two scale, output and gradients finite and equal to the float32
     kernel on the same float16-rounded q, k, v."""
     H, W = 12, 10
-    q, k, v, th, tw, gout = _aa_inputs(0)
+    q, k, v, th, tw, gout = aa_inputs(0)
     th, tw = th * 3e4, tw * 3e4
     qs, ks, vs = (t.half().requires_grad_() for t in (q, k, v))
     ths, tws = (t.float().requires_grad_() for t in (th, tw))

@@ -14,26 +14,13 @@ from aa_det.models.layers.gsa import column_attention, compute_dtype, content_at
 from aa_det.models.layers.relative_attention import (_add_relative, attention_sdpa_folded, choose_impl, kernel_dtype,
                                                      relative_attention, relative_logits_2d)
 
+from attention_inputs import aa_inputs, rel_err
 from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL
 
 LOW = [torch.float16, torch.bfloat16]
 #: LOW as parameters of CPU tests that multiply in float16
 LOW_CPU = [pytest.param(torch.float16, marks=CPU_FP16_MATMUL), torch.bfloat16]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
-
-
-def rel_err(a, ref):
-    return ((a.double() - ref).norm() / ref.norm()).item()
-
-
-def _aa_inputs(seed, B=2, Nh=4, H=12, W=10, d=20, dv=3, max_dist=12):
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g, dtype=torch.float64) * scale
-
-    return (rnd(B, Nh, H * W, d, scale=d ** -0.5), rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, dv),
-            rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(B, Nh, H * W, dv))
 
 
 def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
@@ -61,7 +48,7 @@ def test_fused_aa_kernel_error_is_pytorchs_sdpa_error(dtype, seed):
     """Output and every gradient (q, k, v, both tables) of the folded kernel on fp16/bf16 inputs:
     error against float64 within 1.1x of PyTorch's SDPA running the same attention in that dtype
     (measured: 0.93-1.06x; the fp16 fold guard costs nothing, s = 1 here)."""
-    inputs = _aa_inputs(seed)
+    inputs = aa_inputs(seed)
     ref = _aa_run('ours', inputs, torch.float64)
     ours, torchs = _aa_run('ours', inputs, dtype), _aa_run('torch', inputs, dtype)
     for name, a, b, r in zip(('out', 'dq', 'dk', 'dv', 'dtable_h', 'dtable_w'), ours, torchs, ref):
@@ -74,7 +61,7 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range():
     and gradients finite, and the output is the float32 kernel's on the same float16-rounded values
     (the scale itself adds no error)."""
     from aa_det.models.layers.relative_attention import _fp16_fold_scale
-    q, k, v, th, tw, gout = _aa_inputs(0)
+    q, k, v, th, tw, gout = aa_inputs(0)
     th, tw = th * 3e4, tw * 3e4  # |q . r| ~ 1e5-1e6
     out, *grads = _aa_run('ours', (q, k, v, th, tw, gout), torch.float16)
     assert all(torch.isfinite(t).all() for t in (out, *grads))
@@ -162,7 +149,7 @@ def test_kernels_are_chosen_per_device_and_dtype():
 def test_cuda_autocast_aa_attention_error_is_pytorchs_sdpa_error(dtype):
     """Through relative_attention under CUDA autocast (the fused kernel on the autocast dtype),
     output and gradients within 1.1x of PyTorch's SDPA with the same inputs, mask and dtype."""
-    inputs = _aa_inputs(0)
+    inputs = aa_inputs(0)
     ref = _aa_run('ours', inputs, torch.float64)
     q, k, v, th, tw, gout = (t.cuda() for t in inputs)
     qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))

@@ -12,7 +12,6 @@ import zipfile
 import pytest
 import torch
 
-from aa_det.datasets import generate_shapes_coco
 from aa_det.engine import ConfigError, NonFiniteLossError, build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
@@ -24,32 +23,25 @@ RESNET18 = {'model.backbone': dict(_delete_=True, type='ResNet', depth=18, base_
                                    norm_cfg=dict(type='BN'), norm_eval=False, init_cfg=None)}
 
 
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp('shapes')
-    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
-    return root
+def config(tiny_shapes, work_dir, **extra):
+    return load_config(DEMO, work_dir=str(work_dir), cfg_options=demo_options(tiny_shapes, **{**ONE_ITER, **extra}))
 
 
-def config(shapes, work_dir, **extra):
-    return load_config(DEMO, work_dir=str(work_dir), cfg_options=demo_options(shapes, **{**ONE_ITER, **extra}))
-
-
-def save_weights(shapes, path, **extra):
+def save_weights(tiny_shapes, path, **extra):
     """A detector checkpoint (weights only) of the demo config with ``extra`` options."""
-    model = build_runner(config(shapes, osp.dirname(path), **extra)).model
+    model = build_runner(config(tiny_shapes, osp.dirname(path), **extra)).model
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, path)
     return path
 
 
 @pytest.fixture(scope='module')
-def aa_ckpt(shapes, tmp_path_factory):
-    return save_weights(shapes, str(tmp_path_factory.mktemp('aa') / 'aa.pth'))
+def aa_ckpt(tiny_shapes, tmp_path_factory):
+    return save_weights(tiny_shapes, str(tmp_path_factory.mktemp('aa') / 'aa.pth'))
 
 
 @pytest.fixture(scope='module')
-def resnet_ckpt(shapes, tmp_path_factory):
-    return save_weights(shapes, str(tmp_path_factory.mktemp('r18') / 'resnet18.pth'), **RESNET18)
+def resnet_ckpt(tiny_shapes, tmp_path_factory):
+    return save_weights(tiny_shapes, str(tmp_path_factory.mktemp('r18') / 'resnet18.pth'), **RESNET18)
 
 
 def corrupt_8_bytes(src, dst):
@@ -65,11 +57,11 @@ def corrupt_8_bytes(src, dst):
     return dst
 
 
-def test_test_tool_fails_on_8_corrupted_bytes(shapes, aa_ckpt, tmp_path):
+def test_test_tool_fails_on_8_corrupted_bytes(tiny_shapes, aa_ckpt, tmp_path):
     """Before: tools/test.py exited 0 with empty results (NaN weights, no boxes)."""
     bad = corrupt_8_bytes(aa_ckpt, str(tmp_path / 'bad.pth'))
     out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/test.py'), DEMO, bad, '--work-dir', str(tmp_path),
-                          '--cfg-options'] + [f'{k}={v}' for k, v in demo_options(shapes).items()],
+                          '--cfg-options'] + [f'{k}={v}' for k, v in demo_options(tiny_shapes).items()],
                          capture_output=True, text=True, env=ENV, cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
     assert re.fullmatch(r'aa_det: checkpoint holds non-finite values \(NaN or inf\): \S+bad.pth: '
@@ -81,72 +73,72 @@ def test_test_tool_fails_on_8_corrupted_bytes(shapes, aa_ckpt, tmp_path):
     (b'\x80\x02garbage' * 50, r'checkpoint file cannot be loaded: \S+ckpt.pth: it is not a PyTorch checkpoint'),
     (None, r'checkpoint file cannot be loaded: \S+ckpt.pth: it is truncated or damaged'),
 ])
-def test_unreadable_checkpoint_is_one_line(shapes, aa_ckpt, tmp_path, content, message):
+def test_unreadable_checkpoint_is_one_line(tiny_shapes, aa_ckpt, tmp_path, content, message):
     """Before: torch's advice to pass weights_only=False, a bare EOFError, a miniz error."""
     path = tmp_path / 'ckpt.pth'
     path.write_bytes(content if content is not None else open(aa_ckpt, 'rb').read()[:100000])
-    cfg = config(shapes, tmp_path)
+    cfg = config(tiny_shapes, tmp_path)
     cfg.load_from = str(path)
     with pytest.raises(ConfigError, match=message) as error:
         build_runner(cfg, splits=('test',))
     assert '\n' not in str(error.value) and 'weights_only' not in str(error.value)
 
 
-def test_resnet_checkpoint_for_the_aa_config_is_an_error_unless_partial(shapes, resnet_ckpt, tmp_path):
+def test_resnet_checkpoint_for_the_aa_config_is_an_error_unless_partial(tiny_shapes, resnet_ckpt, tmp_path):
     """Before: one warning among 490 lines, then a half-random model was evaluated."""
     for splits in (('test',), ('train', 'val', 'test')):  # tools/test.py, and load_from in training
-        cfg = config(shapes, tmp_path)
+        cfg = config(tiny_shapes, tmp_path)
         cfg.load_from = resnet_ckpt
         with pytest.raises(ConfigError, match=r'checkpoint does not fit the model: \S+resnet18.pth: \d+ missing '
                                               r'keys \(first: backbone\.layer2\.\S+\), \d+ unexpected keys '
                                               r'.*--partial-load'):
             build_runner(cfg, splits=splits)
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(shapes), partial_load=True)
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes), partial_load=True)
     cfg.load_from = resnet_ckpt
     build_runner(cfg, splits=('test',))
 
 
-def test_load_from_may_fine_tune_the_classification_layer(shapes, aa_ckpt, tmp_path):
+def test_load_from_may_fine_tune_the_classification_layer(tiny_shapes, aa_ckpt, tmp_path):
     """3 classes -> 2: the head's retina_cls is left out with a log line in training; testing
     with it is an error."""
     two = {'model.bbox_head.num_classes': 2,
            **{f'{s}_dataloader.dataset.metainfo.classes': ('circle', 'square') for s in ('train', 'val', 'test')}}
-    cfg = config(shapes, tmp_path, **two)
+    cfg = config(tiny_shapes, tmp_path, **two)
     cfg.load_from = aa_ckpt
     runner = build_runner(cfg)
     log = open(runner.logger.handlers[-1].baseFilename).read()
     assert re.search(r'WARNING - aa_det: load_from \S+aa.pth: 2 classification-layer keys do not fit .*'
                      r'first: bbox_head.retina_cls.weight', log), log[-2000:]
-    cfg = config(shapes, tmp_path, **two)
+    cfg = config(tiny_shapes, tmp_path, **two)
     cfg.load_from = aa_ckpt
     with pytest.raises(ConfigError, match=r'2 keys of another shape \(first: bbox_head.retina_cls.weight\)'):
         build_runner(cfg, splits=('test',))
 
 
-def test_resume_from_another_models_checkpoint_is_one_line(shapes, resnet_ckpt, tmp_path):
+def test_resume_from_another_models_checkpoint_is_one_line(tiny_shapes, resnet_ckpt, tmp_path):
     """Before: 'loaded state dict has a different number of parameter groups'."""
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(shapes, **ONE_ITER), resume=resnet_ckpt)
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **ONE_ITER), resume=resnet_ckpt)
     with pytest.raises(ConfigError, match=r'does not fit the model: \S+resnet18.pth: \d+ missing keys') as error:
         build_runner(cfg)
     assert '--partial-load' not in str(error.value)
 
 
-def test_resume_from_a_nan_checkpoint_stops_before_training(shapes, aa_ckpt, tmp_path):
+def test_resume_from_a_nan_checkpoint_stops_before_training(tiny_shapes, aa_ckpt, tmp_path):
     """Before: two epochs at loss nan, exit 0."""
     bad = corrupt_8_bytes(aa_ckpt, str(tmp_path / 'bad.pth'))
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(shapes, **ONE_ITER), resume=bad)
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **ONE_ITER), resume=bad)
     with pytest.raises(ConfigError, match=r'non-finite values .*bad.pth: first at state_dict\.'):
         build_runner(cfg)
 
 
-def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(shapes, tmp_path):
+def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(tiny_shapes, tmp_path):
     every_epoch = {'train_cfg.max_epochs': 2, 'default_hooks.checkpoint.interval': 1}
-    build_runner(config(shapes, tmp_path, **every_epoch)).train()
+    build_runner(config(tiny_shapes, tmp_path, **every_epoch)).train()
     latest = tmp_path / 'epoch_2.pth'
     assert open(tmp_path / 'last_checkpoint').read().strip().endswith('epoch_2.pth')
     latest.write_bytes(latest.read_bytes()[:1000])  # the copy was cut
     cfg = load_config(DEMO, work_dir=str(tmp_path), resume='auto',
-                      cfg_options=demo_options(shapes, **{**ONE_ITER, 'train_cfg.max_epochs': 2}))
+                      cfg_options=demo_options(tiny_shapes, **{**ONE_ITER, 'train_cfg.max_epochs': 2}))
     runner = build_runner(cfg)
     assert cfg.load_from == str(tmp_path / 'epoch_1.pth')
     runner.train()
@@ -157,13 +149,13 @@ def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(shapes, tmp_p
     for path in glob.glob(str(tmp_path / 'epoch_*.pth')):
         open(path, 'wb').close()
     with pytest.raises(ConfigError, match=r'checkpoint file is empty \(0 bytes\): \S+epoch_2.pth'):
-        build_runner(load_config(DEMO, work_dir=str(tmp_path), resume='auto', cfg_options=demo_options(shapes)))
+        build_runner(load_config(DEMO, work_dir=str(tmp_path), resume='auto', cfg_options=demo_options(tiny_shapes)))
 
 
-def test_training_stops_on_a_non_finite_loss(shapes, tmp_path):
+def test_training_stops_on_a_non_finite_loss(tiny_shapes, tmp_path):
     """Before: training went on at loss nan and exited 0. The runtime base's StopOnNonFiniteLoss
     (mmdet's CheckInvalidLossHook, every iteration) stops at the first one, before a checkpoint."""
-    runner = build_runner(config(shapes, tmp_path, **{'train_cfg.max_epochs': 2}))
+    runner = build_runner(config(tiny_shapes, tmp_path, **{'train_cfg.max_epochs': 2}))
     runner.model.backbone.register_forward_hook(lambda module, args, out: tuple(x * float('nan') for x in out))
     with pytest.raises(NonFiniteLossError, match=r'non-finite loss at epoch 1, iteration 1 \(loss: nan, '
                                                  r'loss_cls: nan, loss_bbox: nan\)'):

@@ -12,7 +12,6 @@ import sys
 import pytest
 from mmengine.hooks import Hook
 
-from aa_det.datasets import generate_shapes_coco
 from aa_det.datasets.checked_coco import missing_files, skip_reason
 from aa_det.engine import ConfigError, build_runner, load_config
 
@@ -29,17 +28,10 @@ def run_tool(tool, *args, options=None):
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT)
 
 
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp('shapes')
-    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
-    return root
-
-
 @pytest.fixture
-def data(shapes, tmp_path):
+def data(tiny_shapes, tmp_path):
     """A copy of the tiny shapes data to damage."""
-    return shutil.copytree(shapes, tmp_path / 'data')
+    return shutil.copytree(tiny_shapes, tmp_path / 'data')
 
 
 def edit_json(path, change):
@@ -115,24 +107,24 @@ def test_skipped_annotations_are_counted_in_one_log_line(data, tmp_path):
     assert 'WARNING' in line and 'tools/check_dataset.py' in line
 
 
-def test_clean_data_logs_none_skipped(shapes, tmp_path):
-    cfg, runner = runner_for(shapes, tmp_path)
+def test_clean_data_logs_none_skipped(tiny_shapes, tmp_path):
+    cfg, runner = runner_for(tiny_shapes, tmp_path)
     runner.build_dataloader(cfg.val_dataloader)
     log = open(runner.logger.handlers[-1].baseFilename).read()
     assert re.search(r'INFO - aa_det: \S+instances_val.json: 4 images, \d+ annotations; skipped annotations: none',
                      log), log[-2000:]
 
 
-def test_skip_reason_agrees_with_mmdet(shapes):
+def test_skip_reason_agrees_with_mmdet(tiny_shapes):
     """Every annotation mmdet's parse_data_info keeps has no skip reason, every one it drops has one."""
     from mmdet.datasets import CocoDataset
-    coco = json.loads((shapes / 'annotations' / 'instances_train.json').read_text())
+    coco = json.loads((tiny_shapes / 'annotations' / 'instances_train.json').read_text())
     img = coco['images'][0]
     base = dict(coco['annotations'][0], image_id=img['id'])
     cases = [dict(base), dict(base, bbox=[-50, 0, 10, 10]), dict(base, bbox=[0, 0, 0.5, 10]),
              dict(base, area=0), dict(base, category_id=99), dict(base, ignore=True),
              dict(base, bbox=[img['width'] + 1, 0, 10, 10])]
-    dataset = CocoDataset(ann_file=str(shapes / 'annotations' / 'instances_train.json'), data_root='',
+    dataset = CocoDataset(ann_file=str(tiny_shapes / 'annotations' / 'instances_train.json'), data_root='',
                           metainfo=dict(classes=('circle', 'square', 'triangle')), data_prefix=dict(img=''),
                           lazy_init=True)
     dataset.cat_ids, dataset.cat2label = [1, 2, 3], {1: 0, 2: 1, 3: 2}
@@ -177,7 +169,7 @@ def test_check_dataset_finds_what_drops_boxes(data):
     assert out.stderr.endswith('instances_val.json\n') and out.stderr.count('aa_det:') == 1, out.stderr
 
 
-def test_check_dataset_passes_clean_data(shapes):
-    out = run_tool('check_dataset.py', DEMO, '--workers', 1, options=demo_options(shapes))
+def test_check_dataset_passes_clean_data(tiny_shapes):
+    out = run_tool('check_dataset.py', DEMO, '--workers', 1, options=demo_options(tiny_shapes))
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert out.stdout.count('  ok') == 2, out.stdout  # train, and val (= test)

@@ -19,13 +19,6 @@ from demo_config import DEMO, ROOT, demo_options
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/retinanet/*.py')))
 
 
-@pytest.fixture(scope='module')
-def tiny_shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp('shapes')
-    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
-    return root
-
-
 @pytest.mark.parametrize('path', CONFIGS, ids=osp.basename)
 def test_every_config_builds_its_model(path):
     from mmdet.registry import MODELS

@@ -10,7 +10,6 @@ import sysconfig
 
 import pytest
 
-from aa_det.datasets import generate_shapes_coco
 
 from demo_config import DEMO, ROOT, demo_options
 
@@ -29,13 +28,6 @@ def run(python, *args, options=None, cwd=ROOT):
     if options:
         cmd += ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=cwd)
-
-
-@pytest.fixture(scope='module')
-def tiny_shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp('shapes')
-    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
-    return root
 
 
 def test_versions_outside_the_supported_range_are_one_line(tmp_path, capsys, monkeypatch):

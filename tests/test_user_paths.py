@@ -37,13 +37,6 @@ def train_losses(log):
     return [float(v) for v in re.findall(r'Epoch\(train\).*?\bloss: (\S+)', log)]
 
 
-@pytest.fixture(scope='module')
-def tiny_shapes(tmp_path_factory):
-    root = tmp_path_factory.mktemp('shapes')
-    generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
-    return root
-
-
 def test_train_amp_on_cpu_runs_bf16_and_logs_to_tensorboard(tiny_shapes, tmp_path):
     """``tools/train.py --amp`` without a GPU (mmengine's AmpOptimWrapper asserts one) trains
     with CPUAmpOptimWrapper; the TensorBoard backend chosen by --cfg-options writes events."""

@@ -1,4 +1,5 @@
 """RetinaNet with aa_det backbones through the real Runner: configs, bad input, training."""
+import copy
 import glob
 import json
 import os
@@ -108,9 +109,11 @@ def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_pat
 def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     """mmengine's ``compile`` option compiles ``train_step``, the optimizer step included: with the
     configs' ``paramwise_cfg``, mmengine's constructor gives ``ConfigDict`` param groups, where
-    torch 2.14's dynamo stopped in ``SGD.step``, and torch 2.1's stopped at the first step of the
-    CPU's per-tensor SGD with momentum (docs/design.md); ``load_config`` builds plain groups and
-    foreach SGD, and leaves the config itself as it was."""
+    torch 2.14's dynamo stopped in ``SGD.step``, torch 2.1's stopped at the first step of the
+    CPU's per-tensor SGD with momentum, and torch 2.14's with ``dynamic=True`` at the first step,
+    where SGD creates its momentum buffers (docs/design.md); ``load_config`` builds plain groups,
+    foreach SGD and the buffers, and leaves the config itself as it was. The compiled steps
+    update the parameters exactly as mmengine's own optimizer does in eager mode."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
     from mmdet.registry import MODELS
@@ -126,14 +129,19 @@ def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     assert wrapper.optimizer.defaults['foreach'] is True
     decay = {group['weight_decay'] for group in wrapper.param_groups}
     assert decay == {0.0, cfg.optim_wrapper.optimizer.weight_decay}  # paramwise_cfg still applied
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
+    eager_model = copy.deepcopy(model)
+    eager = build_optim_wrapper(eager_model, {k: v for k, v in cfg.optim_wrapper.items() if k != 'constructor'})
     before = [p.detach().clone() for p in model.parameters()]
     torch._dynamo.reset()
-    step = torch.compile(wrapper.optimizer.step, backend='eager')  # as train_step runs it
-    step()  # the first step creates the momentum buffers
-    step()
+    # as train_step runs it; dynamic shapes where load_config allows them (torch >= 2.4)
+    step = torch.compile(wrapper.optimizer.step, backend='aot_eager', dynamic=TORCH_VERSION >= (2, 4))
+    for i in range(2):  # the first step is where SGD would create the momentum buffers
+        for m, opt in ((model, step), (eager_model, eager.optimizer.step)):
+            for j, p in enumerate(m.parameters()):
+                p.grad = torch.full_like(p, 0.1 * (i + 1) + 0.01 * j)
+            opt()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(eager_model.parameters(), model.parameters()))
 
 
 @pytest.mark.parametrize('version', [(2, 1), (2, 14)], ids=['torch2.1', 'torch2.14'])

@@ -6,7 +6,8 @@
 * The Runner's ``compile`` option traces the optimizer step that ``train_step`` runs. With a
   ``paramwise_cfg`` (every detection config here), mmengine's constructor makes each param group a
   ``ConfigDict``, where dynamo stops on torch 2.14; torch 2.1's dynamo stops at the first step of
-  SGD's per-tensor kernel with momentum (the CPU's default). :func:`aa_det.engine.load_config`
+  SGD's per-tensor kernel with momentum (the CPU's default), torch 2.14's with ``dynamic=True`` at
+  the first step of SGD with momentum and several param groups. :func:`aa_det.engine.load_config`
   builds the wrapper with :class:`CompileOptimWrapperConstructor` when ``compile`` is set.
 """
 import inspect
@@ -59,7 +60,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
 class CompileOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     """mmengine's default constructor, for an optimizer step that ``torch.compile`` can trace.
 
-    Two differences, neither of which changes the update:
+    Three differences, none of which changes the update:
 
     * The param groups are plain ``dict``. With a ``paramwise_cfg``,
       ``DefaultOptimWrapperConstructor`` passes them as ``ConfigDict``, and torch 2.14's dynamo
@@ -68,8 +69,13 @@ class CompileOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     * ``foreach=True`` where the optimizer takes it and the config does not set it (CUDA's
       default already). On the CPU, torch 2.1's dynamo stops at the first step of SGD's per-tensor
       kernel with momentum (``list index out of range`` in ``_single_tensor_sgd``).
+    * SGD's momentum buffers exist from the start, zero, in every group with momentum and no
+      dampening: the first step computes ``0 * momentum + grad``, the buffer SGD would have
+      cloned from ``grad``. Torch 2.14's dynamo, with ``dynamic=True`` and more than one param
+      group (one per parameter with a ``paramwise_cfg``), stops at the first step, where SGD
+      creates them (``SpeculationLogDivergence`` at ``state["momentum_buffer"] = ...``).
 
-    docs/design.md, "Compiling and exporting", has both reproductions.
+    docs/design.md, "Compiling and exporting", has the reproductions.
 
     Examples:
         >>> constructor = CompileOptimWrapperConstructor(
@@ -78,6 +84,8 @@ class CompileOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         >>> optimizer = constructor(nn.Linear(2, 2)).optimizer
         >>> {type(group).__name__ for group in optimizer.param_groups}, optimizer.defaults['foreach']
         ({'dict'}, True)
+        >>> [state['momentum_buffer'].shape for state in optimizer.state.values()]
+        [torch.Size([2, 2]), torch.Size([2])]
     """
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: dict = None):
@@ -90,9 +98,15 @@ class CompileOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             self.optimizer_cfg = {'foreach': True, **self.optimizer_cfg}  # a copy: the config is not changed
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
-        """Build mmengine's wrapper, then copy each param group into a ``dict`` in place (before
-        any step, so no optimizer state refers to the groups)."""
+        """Build mmengine's wrapper, copy each param group into a ``dict`` in place (before any
+        step, so no optimizer state refers to the groups), then create SGD's momentum buffers."""
         wrapper = super().__call__(model)
-        groups = wrapper.optimizer.param_groups
-        groups[:] = [dict(group) for group in groups]
+        optimizer = wrapper.optimizer
+        optimizer.param_groups[:] = [dict(group) for group in optimizer.param_groups]
+        if isinstance(optimizer, torch.optim.SGD):
+            for group in optimizer.param_groups:
+                if group['momentum'] != 0 and group['dampening'] == 0:
+                    for p in group['params']:
+                        if p.requires_grad:
+                            optimizer.state[p]['momentum_buffer'] = torch.zeros_like(p)
         return wrapper

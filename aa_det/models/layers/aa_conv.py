@@ -175,6 +175,9 @@ class AAConv2d(BaseModule):
         self.stride, self.num_heads = stride, num_heads
         self.key_channels, self.value_channels = dk, dv
         self.head_dim = dk // num_heads
+        # a float, computed once: torch 2.4 - 2.5 make the int attribute symbolic under dynamic=True,
+        # and torch 2.4 guards on `head_dim ** -0.5` with a ToFloat that never passes: a recompile per size
+        self.scale = self.head_dim ** -0.5
         self.position, self.attn_downsample, self.impl = position, attn_downsample, impl
 
         conv_channels = out_channels - dv
@@ -244,13 +247,13 @@ class AAConv2d(BaseModule):
             k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
         else:
             k, q, v = _SplitHeads.apply(qkv, self.num_heads, sizes)
-        return q * self.head_dim ** -0.5 if scaled else q, k, v, (h, w)
+        return q * self.scale if scaled else q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
         q, k, v, (h, w) = self.qkv_heads(self._attention_input(x), scaled=False)  # the kernel scales
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
-                                  scale=self.head_dim ** -0.5)  # [B, Nh, hw, dvh]
+                                  scale=self.scale)  # [B, Nh, hw, dvh]
         attn = self._project(attn, h, w)  # [B, dv, h, w]
         if (h, w) != out_size:
             attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)

@@ -426,7 +426,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     if rel_h is None:
         q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
     else:
-        pad = -(d + H + W) % 8
+        pad = (8 - (d + H + W) % 8) % 8  # not -(d + H + W) % 8: _pad_last says why
         rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
         columns = _fold_columns(H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
         if dtype == torch.float16:
@@ -483,7 +483,9 @@ def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
 def _pad_last(t: Tensor, multiple: int) -> Tensor:
     """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``: one ``cat`` with the cached
     zero (:func:`_zeros`), whose backward is a view."""
-    pad = -t.shape[-1] % multiple
+    # -n % multiple is the same number, but torch 2.4 - 2.5's inductor bounds it as empty (ValueRangeError)
+    # where n is symbolic: their dynamo makes a module's int attributes (num_heads) symbolic with dynamic=True
+    pad = (multiple - t.shape[-1] % multiple) % multiple
     return torch.cat([t, _zeros(t.dtype, t.device).expand(*t.shape[:-1], pad)], -1) if pad else t
 
 

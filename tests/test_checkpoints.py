@@ -15,6 +15,7 @@ import torch
 from aa_det.engine import ConfigError, NonFiniteLossError, build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_output import own_stderr
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 # one iteration per epoch, no validation unless asked
@@ -65,7 +66,7 @@ def test_test_tool_fails_on_8_corrupted_bytes(tiny_shapes, aa_ckpt, tmp_path):
                          capture_output=True, text=True, env=ENV, cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
     assert re.fullmatch(r'aa_det: checkpoint holds non-finite values \(NaN or inf\): \S+bad.pth: '
-                        r'first at state_dict\.\S+\n', out.stderr), out.stderr[-2000:]
+                        r'first at state_dict\.\S+\n', own_stderr(out.stderr)), out.stderr[-2000:]
 
 
 @pytest.mark.parametrize('content, message', [

@@ -16,6 +16,7 @@ from aa_det.datasets.checked_coco import missing_files, skip_reason
 from aa_det.engine import ConfigError, build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_output import own_stderr
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 ONE_ITER = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8}
@@ -70,7 +71,7 @@ def test_missing_image_is_one_line_from_the_tool(data, tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert re.fullmatch(r'aa_det: 1 of 4 images listed in \S+instances_val.json are missing, '
                         r'first: \S+/val/000001.png\n',
-                        out.stderr), out.stderr[-2000:]
+                        own_stderr(out.stderr)), out.stderr[-2000:]
 
 
 def test_json_syntax_error_names_file_line_and_column(data, tmp_path):

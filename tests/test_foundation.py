@@ -11,6 +11,7 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
+from tool_output import own_stderr
 from torch_versions import SAFE_GLOBALS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,4 +125,5 @@ def test_tools_report_bad_config_in_one_line(tool, args, tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
     assert 'Traceback' not in out.stderr, out.stderr[-2000:]
-    assert out.stderr.startswith('aa_det: ') and ('nope.py' in out.stderr or 'missing.pth' in out.stderr)
+    own = own_stderr(out.stderr)
+    assert own.startswith('aa_det: ') and own.count('\n') == 1 and ('nope.py' in own or 'missing.pth' in own), own

@@ -18,7 +18,7 @@ from aa_det.models.layers.kernel_policy import (CUDA_AXIAL_ELEMS, axial_chunk_el
                                                 force_policy, kernel_device)
 
 from attention_inputs import aa_inputs, rel_err
-from torch_versions import CPU_FP16_AUTOCAST
+from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_SDPA
 
 LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16_AUTOCAST)]
 
@@ -89,7 +89,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
         assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
 
 
-@CPU_FP16_AUTOCAST
+@CPU_FP16_SDPA  # and float16 autocast on the CPU (torch 2.4)
 def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
     """Relative logits ~1e5-1e6 (past float16's 65504) under fp16 autocast and the CUDA policy:
     folded through the power-of-two scale, output and gradients finite and equal to the float32

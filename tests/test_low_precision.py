@@ -15,7 +15,7 @@ from aa_det.models.layers.relative_attention import (_add_relative, attention_sd
                                                      relative_attention, relative_logits_2d)
 
 from attention_inputs import aa_inputs, rel_err
-from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL
+from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL, CPU_FP16_SDPA
 
 LOW = [torch.float16, torch.bfloat16]
 #: LOW as parameters of CPU tests that multiply in float16
@@ -55,7 +55,7 @@ def test_fused_aa_kernel_error_is_pytorchs_sdpa_error(dtype, seed):
         assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
 
 
-@CPU_FP16_MATMUL
+@CPU_FP16_SDPA
 def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range():
     """Relative logits up to ~1e6 (float16 ends at 65504) fold through a power-of-two scale: output
     and gradients finite, and the output is the float32 kernel's on the same float16-rounded values

@@ -31,9 +31,15 @@ def _torch_version_file():
 
 TORCH_VER, TORCH_CUDA = _torch_version_file()
 PY_TAG = 'cp%d%d' % sys.version_info[:2]
-#: the tested stack this venv holds (constraints.txt or constraints-torch2.1.txt): its torch pin is ours
-CONSTRAINTS = next(path for path in sorted(glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')))
-                   if f'torch=={TORCH_VER.split("+")[0]}\n' in open(path).read())
+#: the pins this venv was set up with: $AA_DET_CONSTRAINTS where the run sets it (another stack, as
+#: setup_env.sh reads it), else the tested stack whose torch pin this torch is (constraints.txt or
+#: constraints-torch2.1.txt)
+CONSTRAINTS = osp.realpath(os.environ['AA_DET_CONSTRAINTS']) if os.environ.get('AA_DET_CONSTRAINTS') else next(
+    (path for path in sorted(glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')))
+     if f'torch=={TORCH_VER.split("+")[0]}\n' in open(path).read()), None)
+if CONSTRAINTS is None:
+    pytest.skip(f'no constraints file pins torch {TORCH_VER}: set AA_DET_CONSTRAINTS to the one this venv was '
+                'set up with', allow_module_level=True)
 #: the C++ standard the script builds mmcv with: torch's extension builder's (c++20 for 2.14, c++17 for 2.1)
 CXX_STD = ('c++20' if '-std=c++20' in open(osp.join(osp.dirname(importlib.util.find_spec('torch').origin),
                                                    'utils', 'cpp_extension.py')).read() else 'c++17')

@@ -1,7 +1,8 @@
 """aa_det: attention backbones (AA-ResNet, GSA-ResNet) for MMDetection 3.x.
 
-Supported ranges live in requirements/runtime.txt (also read by tools/env/env_check.py); the two
-tested stacks are pinned in requirements/constraints.txt (torch 2.14) and constraints-torch2.1.txt.
+Supported ranges live in requirements/runtime.txt (also read by tools/env/env_check.py); the three
+tested stacks are pinned in requirements/constraints.txt (torch 2.14), constraints-torch2.1.txt and
+constraints-torch2.4.txt.
 Into an environment that already has torch, mmcv and mmdet: ``pip install --no-deps -e .``.
 """
 import os.path as osp

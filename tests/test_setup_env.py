@@ -32,8 +32,8 @@ def _torch_version_file():
 TORCH_VER, TORCH_CUDA = _torch_version_file()
 PY_TAG = 'cp%d%d' % sys.version_info[:2]
 #: the pins this venv was set up with: $AA_DET_CONSTRAINTS where the run sets it (another stack, as
-#: setup_env.sh reads it), else the tested stack whose torch pin this torch is (constraints.txt or
-#: constraints-torch2.1.txt)
+#: setup_env.sh reads it), else the tested stack whose torch pin this torch is (constraints.txt,
+#: constraints-torch2.1.txt or constraints-torch2.4.txt)
 CONSTRAINTS = osp.realpath(os.environ['AA_DET_CONSTRAINTS']) if os.environ.get('AA_DET_CONSTRAINTS') else next(
     (path for path in sorted(glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')))
      if f'torch=={TORCH_VER.split("+")[0]}\n' in open(path).read()), None)

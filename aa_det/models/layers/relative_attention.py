@@ -427,6 +427,8 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
         q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
     else:
         pad = (8 - (d + H + W) % 8) % 8  # not -(d + H + W) % 8: _pad_last says why
+        if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
+            pad += 8
         rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
         columns = _fold_columns(H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
         if dtype == torch.float16:

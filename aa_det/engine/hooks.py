@@ -21,6 +21,7 @@ from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
+from ..utils.compat import module_ints_constant
 from .errors import ConfigError
 
 
@@ -63,7 +64,8 @@ class CompileBackboneHook(Hook):
     per backbone with ``fullgraph=True`` (the default), traced once for every size under
     multiscale jitter with ``dynamic=True``. Inductor on the CPU (torch 2.14.1) still compiles
     each size once more: every convolution's backward specialises the sizes there
-    (docs/design.md, "Compiling and exporting").
+    (docs/design.md, "Compiling and exporting"). The modules' int attributes are traced as
+    constants on every torch release (:func:`aa_det.utils.compat.module_ints_constant`).
 
     Args:
         **compile_cfg: keyword arguments of ``torch.compile`` (``backend``, ``mode``,
@@ -75,7 +77,7 @@ class CompileBackboneHook(Hook):
 
     def before_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        model.backbone.forward = torch.compile(model.backbone.forward, **self.compile_cfg)
+        model.backbone.forward = module_ints_constant(torch.compile(model.backbone.forward, **self.compile_cfg))
         runner.logger.info(f'backbone forward compiled with torch.compile({self.compile_cfg})')
 
 

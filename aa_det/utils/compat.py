@@ -13,8 +13,9 @@ Example:
     ...     autocast_dtype('cpu')
     torch.bfloat16
 """
+import functools
 from contextlib import nullcontext
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from mmengine.utils import digit_version
@@ -74,3 +75,24 @@ def eye(n: int, m: int, dtype: torch.dtype, device) -> torch.Tensor:
     if TORCH_VERSION < (2, 4) and torch.device(device).type == 'cpu' and dtype in (torch.bfloat16, torch.float16):
         return torch.eye(n, m, device=device).to(dtype)
     return torch.eye(n, m, dtype=dtype, device=device)
+
+
+def module_ints_constant(compiled: Callable) -> Callable:
+    """``compiled`` (a ``torch.compile``-d function) tracing the int attributes of modules as
+    constants, as dynamo does from torch 2.6 on (``allow_unspec_int_on_nn_module``, False).
+
+    Before (torch 2.1 - 2.5), with dynamic shapes, the ints of a module whose bound method is
+    compiled (heads, channels) become symbolic inputs, and every reshape by them puts sympy
+    to work: the demo's AA-ResNet-18 backbone had not finished its first trace after 590 s on
+    torch 2.4.1 (2 CPU cores), and traced in 72 s with them constant. There the calls run under dynamo's ``specialize_int=True``; elsewhere
+    ``compiled`` is returned as it is.
+    """
+    if hasattr(torch._dynamo.config, 'allow_unspec_int_on_nn_module'):
+        return compiled
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(specialize_int=True):
+            return compiled(*args, **kwargs)
+
+    return call

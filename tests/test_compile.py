@@ -107,14 +107,16 @@ def test_backbone_compiles_with_inductor_fullgraph(backbone):
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize('hook', ['CompileBackboneHook', 'StaticModuleIntsHook'])
 @pytest.mark.parametrize('kind', ['aa', 'gsa'])
-def test_compile_backbone_hook_traces_module_ints_as_constants(kind):
-    """``CompileBackboneHook`` with ``dynamic=True``: the layers' int attributes (heads, channels)
-    are constants in the graph, not symbolic inputs, on every torch release (torch 2.4 - 2.5 made
-    them symbolic: the demo backbone's first trace took over 590 s instead of 72 s on 2.4.1)."""
+def test_compile_hooks_trace_module_ints_as_constants(kind, hook):
+    """``CompileBackboneHook(dynamic=True)``, and ``StaticModuleIntsHook`` on what mmengine's
+    ``compile`` option compiled: the layers' int attributes (heads, channels) are constants in the
+    graph, not symbolic inputs, on every torch release (torch 2.4 - 2.5 made them symbolic: the demo
+    backbone's first trace took over 590 s instead of 72 s on 2.4.1)."""
     from types import SimpleNamespace
 
-    from aa_det.engine.hooks import CompileBackboneHook
+    from aa_det.engine import hooks
     torch._dynamo.reset()
     inputs = []
 
@@ -122,9 +124,15 @@ def test_compile_backbone_hook_traces_module_ints_as_constants(kind):
         inputs.extend((n.name, n.meta.get('example_value')) for n in gm.graph.nodes if n.op == 'placeholder')
         return gm.forward
 
-    model = SimpleNamespace(backbone=_layer(kind).train())
-    CompileBackboneHook(backend=backend, dynamic=True).before_train(
-        SimpleNamespace(model=model, logger=SimpleNamespace(info=lambda message: None)))
-    model.backbone(torch.randn(2, 16, 12, 10))
-    assert inputs and any(name == 'l_x_' for name, _ in inputs)  # the hook compiled the forward
+    layer = _layer(kind).train()
+    runner = SimpleNamespace(model=SimpleNamespace(backbone=layer), logger=SimpleNamespace(info=lambda message: None))
+    if hook == 'CompileBackboneHook':
+        hooks.CompileBackboneHook(backend=backend, dynamic=True).before_train(runner)
+        step = runner.model.backbone
+    else:  # as the Runner's _maybe_compile('train_step') leaves it
+        runner.model.train_step = torch.compile(layer.forward, backend=backend, dynamic=True)
+        hooks.StaticModuleIntsHook().before_train(runner)
+        step = runner.model.train_step
+    step(torch.randn(2, 16, 12, 10))
+    assert any(name == 'l_x_' for name, _ in inputs)  # the layer's forward was compiled
     assert not [name for name, value in inputs if name.startswith('l_self') and isinstance(value, torch.SymInt)]

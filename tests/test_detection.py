@@ -146,15 +146,17 @@ def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
 
 @pytest.mark.parametrize('version', [(2, 1), (2, 14)], ids=['torch2.1', 'torch2.14'])
 def test_runner_compile_option_settings_per_torch(monkeypatch, version):
-    """With ``compile`` set, ``load_config`` adds ``EagerDataPreprocessorHook`` once; on torch < 2.4
-    (the version ``load_config`` reads is set here, so both branches run on either stack) shapes
-    are static, and ``dynamic=True`` is one clear error before anything is built."""
+    """With ``compile`` set, ``load_config`` adds ``EagerDataPreprocessorHook`` and
+    ``StaticModuleIntsHook`` once; on torch < 2.4 (the version ``load_config`` reads is set here,
+    so both branches run on either stack) shapes are static, and ``dynamic=True`` is one clear
+    error before anything is built."""
     import aa_det.engine.runner as runner_module
     monkeypatch.setattr(runner_module, 'TORCH_VERSION', version)
     cfg = load_config(DEMO, cfg_options={'compile': True})
-    assert [hook['type'] for hook in cfg.custom_hooks].count('EagerDataPreprocessorHook') == 1
-    again = load_config(DEMO, cfg_options={'compile': True, 'custom_hooks': [dict(type='EagerDataPreprocessorHook')]})
-    assert [hook['type'] for hook in again.custom_hooks] == ['EagerDataPreprocessorHook']
+    assert [hook['type'] for hook in cfg.custom_hooks] == ['EagerDataPreprocessorHook', 'StaticModuleIntsHook']
+    again = load_config(DEMO, cfg_options={'compile': True, 'custom_hooks': [dict(type='StaticModuleIntsHook'),
+                                                                              dict(type='EagerDataPreprocessorHook')]})
+    assert [hook['type'] for hook in again.custom_hooks] == ['StaticModuleIntsHook', 'EagerDataPreprocessorHook']
     assert 'custom_hooks' not in load_config(DEMO) or not any(
         hook['type'] == 'EagerDataPreprocessorHook' for hook in load_config(DEMO).custom_hooks)
     dynamic = {'compile': dict(backend='eager', dynamic=True)}

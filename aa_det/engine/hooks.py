@@ -12,6 +12,8 @@
   are in the backbone (docs/design.md, "Compiling and exporting").
 * ``EagerDataPreprocessorHook``: the data preprocessor outside ``torch.compile``, for the Runner's
   ``compile`` option (``load_config`` adds it).
+* ``StaticModuleIntsHook``: the modules' int attributes traced as constants under the Runner's
+  ``compile`` option on torch < 2.6, as from 2.6 on (``load_config`` adds it).
 """
 from typing import Optional
 
@@ -98,4 +100,20 @@ class EagerDataPreprocessorHook(Hook):
         model.data_preprocessor.forward = torch._dynamo.disable(model.data_preprocessor.forward)
 
 
-__all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'StopOnNonFiniteLoss']
+@HOOKS.register_module()
+class StaticModuleIntsHook(Hook):
+    """Trace the modules' int attributes as constants under mmengine's Runner option ``compile``.
+
+    Dynamo before torch 2.6 makes them symbolic under dynamic shapes
+    (:func:`aa_det.utils.compat.module_ints_constant`): the demo with
+    ``compile=dict(backend='aot_eager', dynamic=True)`` had not trained its 2 iterations after
+    500 s on torch 2.4.1 (2 CPU cores), and trained them in 190 s with this hook. From torch 2.6 on
+    it changes nothing. :func:`aa_det.engine.load_config` adds this hook when ``compile`` is set.
+    """
+
+    def before_train(self, runner) -> None:  # after the Runner compiled train_step
+        runner.model.train_step = module_ints_constant(runner.model.train_step)
+
+
+__all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'StaticModuleIntsHook',
+           'StopOnNonFiniteLoss']

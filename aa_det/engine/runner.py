@@ -31,14 +31,15 @@ def _replace_type(cfg, old: str, new: str):
 
 def _prepare_compile(cfg: Config, path: str) -> None:
     """Make mmengine's ``compile`` option (``torch.compile`` of ``train_step``) run: an optimizer
-    step dynamo can trace, the data preprocessor outside the graph and, on torch < 2.4, static
-    shapes (docs/design.md, "Compiling and exporting")."""
+    step dynamo can trace, the data preprocessor outside the graph, the modules' ints constant and,
+    on torch < 2.4, static shapes (docs/design.md, "Compiling and exporting")."""
     if cfg.get('optim_wrapper') is not None and \
             cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
         cfg.optim_wrapper.constructor = 'CompileOptimWrapperConstructor'
     hooks = list(cfg.get('custom_hooks') or [])
-    if not any(hook.get('type') == 'EagerDataPreprocessorHook' for hook in hooks):
-        cfg.custom_hooks = hooks + [dict(type='EagerDataPreprocessorHook')]
+    types = {hook.get('type') for hook in hooks}
+    cfg.custom_hooks = hooks + [dict(type=name) for name in ('EagerDataPreprocessorHook', 'StaticModuleIntsHook')
+                                if name not in types]
     if TORCH_VERSION < (2, 4):
         compile_cfg = dict(cfg.compile) if isinstance(cfg.compile, dict) else {}
         if compile_cfg.get('dynamic'):
@@ -69,8 +70,9 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     * ``compile`` (mmengine's Runner option, ``torch.compile`` of ``train_step``): the optimizer
       wrapper is built by ``CompileOptimWrapperConstructor`` (plain ``dict`` param groups and
       foreach kernels, which dynamo can trace) unless the config names another constructor;
-      ``EagerDataPreprocessorHook`` keeps the data preprocessor out of the graph; on torch < 2.4
-      shapes are static (``dynamic=False``; ``dynamic=True`` is a :class:`ConfigError`).
+      ``EagerDataPreprocessorHook`` keeps the data preprocessor out of the graph;
+      ``StaticModuleIntsHook`` traces the modules' int attributes as constants (torch < 2.6); on
+      torch < 2.4 shapes are static (``dynamic=False``; ``dynamic=True`` is a :class:`ConfigError`).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
     * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may
       load a checkpoint that does not fit the model (see :func:`build_runner`).

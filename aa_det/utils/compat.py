@@ -84,8 +84,8 @@ def module_ints_constant(compiled: Callable) -> Callable:
     Before (torch 2.1 - 2.5), with dynamic shapes, the ints of a module whose bound method is
     compiled (heads, channels) become symbolic inputs, and every reshape by them puts sympy
     to work: the demo's AA-ResNet-18 backbone had not finished its first trace after 590 s on
-    torch 2.4.1 (2 CPU cores), and traced in 72 s with them constant. There the calls run under dynamo's ``specialize_int=True``; elsewhere
-    ``compiled`` is returned as it is.
+    torch 2.4.1 (2 CPU cores), and traced in 72 s with them constant. There the calls run under
+    dynamo's ``specialize_int=True``; elsewhere ``compiled`` is returned as it is.
     """
     if hasattr(torch._dynamo.config, 'allow_unspec_int_on_nn_module'):
         return compiled

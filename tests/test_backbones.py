@@ -70,7 +70,12 @@ def test_out_indices_frozen_stages_norm_eval(type_, depth):
 
 
 @pytest.mark.parametrize('type_,depth', [('AAResNet', 50), ('GSAResNet', 26)])
-def test_with_cp_same_outputs_and_gradients(type_, depth):
+def test_with_cp_same_outputs_gradients_and_statistics(type_, depth):
+    """``with_cp=True`` (aa_det.models.blocks.BlockCheckpoint): the step's gradients and BatchNorm
+    statistics are those without it. mmdet's reentrant checkpoint ran every BatchNorm twice per
+    step (``num_batches_tracked`` 2, momentum 0.1 acting as 0.19) and warned about
+    ``use_reentrant`` in every block; AA-ResNet-50's first stage has mmdet's plain blocks."""
+    import warnings
     torch.manual_seed(0)
     ref = build(type_, depth, norm_eval=False)
     cp = build(type_, depth, norm_eval=False, with_cp=True)
@@ -78,11 +83,18 @@ def test_with_cp_same_outputs_and_gradients(type_, depth):
     x = torch.rand(2, 3, 64, 80)
     for model in (ref, cp):
         model.train()
-        sum(o.mean() for o in model(x)).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            sum(o.mean() for o in model(x)).backward()
+        assert not [w for w in caught if 'use_reentrant' in str(w.message)]
     scale = max(p.grad.abs().max() for p in ref.parameters())
     for (name, a), b in zip(ref.named_parameters(), cp.parameters()):
         # biases right before a BN have ~0 true gradient: compare against the global scale
         assert (a.grad - b.grad).abs().max() <= 1e-4 * scale, name
+    buffers = dict(cp.named_buffers())
+    for name, a in ref.named_buffers():
+        torch.testing.assert_close(buffers[name], a, msg=name)
+    assert int(buffers['layer1.0.bn1.num_batches_tracked']) == 1
 
 
 @pytest.mark.parametrize('type_,depth', [('AAResNet', 50), ('AAResNet', 34), ('GSAResNet', 38)])

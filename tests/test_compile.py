@@ -136,3 +136,37 @@ def test_compile_hooks_trace_module_ints_as_constants(kind, hook):
     step(torch.randn(2, 16, 12, 10))
     assert any(name == 'l_x_' for name, _ in inputs)  # the layer's forward was compiled
     assert not [name for name, value in inputs if name.startswith('l_self') and isinstance(value, torch.SymInt)]
+
+
+def test_with_cp_backbone_compiles_with_graph_breaks_and_right_statistics():
+    """A backbone with ``with_cp=True`` under ``torch.compile``: its checkpointed blocks run eagerly
+    between graphs, with the same gradients and BatchNorm statistics as eager without ``with_cp``
+    (dynamo took mmdet's reentrant checkpoint eagerly too, and ran each BatchNorm twice);
+    ``CompileBackboneHook``'s ``fullgraph=True`` is refused up front, by name."""
+    from types import SimpleNamespace
+
+    from mmdet.registry import MODELS
+
+    from aa_det.engine import ConfigError, hooks
+    torch._dynamo.reset()
+
+    def build(with_cp):
+        torch.manual_seed(0)
+        model = MODELS.build(dict(type='GSAResNet', depth=26, base_channels=16, with_cp=with_cp,
+                                  norm_eval=False, attention=dict(num_heads=2)))
+        model.train()
+        return model
+
+    ref, cp = build(False), build(True)
+    x = torch.randn(2, 3, 64, 64)
+    sum(o.sum() for o in ref(x)).backward()
+    sum(o.sum() for o in torch.compile(cp, backend='aot_eager', dynamic=True)(x)).backward()
+    for (name, a), b in zip(ref.named_parameters(), cp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4, msg=name)
+    buffers = dict(cp.named_buffers())
+    for name, a in ref.named_buffers():
+        torch.testing.assert_close(buffers[name], a, msg=name)
+    runner = SimpleNamespace(model=SimpleNamespace(backbone=cp), logger=SimpleNamespace(info=print))
+    with pytest.raises(ConfigError, match='fullgraph=True cannot capture the backbone.s with_cp=True'):
+        hooks.CompileBackboneHook(backend='aot_eager').before_train(runner)
+    hooks.CompileBackboneHook(backend='aot_eager', fullgraph=False).before_train(runner)

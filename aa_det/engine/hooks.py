@@ -69,6 +69,9 @@ class CompileBackboneHook(Hook):
     (docs/design.md, "Compiling and exporting"). The modules' int attributes are traced as
     constants on every torch release (:func:`aa_det.utils.compat.module_ints_constant`).
 
+    A backbone with ``with_cp=True`` needs ``fullgraph=False``: its checkpointed blocks run
+    eagerly between graphs (dynamo cannot capture them: the relative-offset record they update).
+
     Args:
         **compile_cfg: keyword arguments of ``torch.compile`` (``backend``, ``mode``,
             ``dynamic``, ...); ``fullgraph`` defaults to True.
@@ -79,6 +82,10 @@ class CompileBackboneHook(Hook):
 
     def before_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        if self.compile_cfg['fullgraph'] and getattr(model.backbone, 'with_cp', False):
+            raise ConfigError('CompileBackboneHook: fullgraph=True cannot capture the backbone\'s with_cp=True '
+                              '(its checkpointed blocks run between graphs); set fullgraph=False in the hook, '
+                              'or with_cp=False')
         model.backbone.forward = module_ints_constant(torch.compile(model.backbone.forward, **self.compile_cfg))
         runner.logger.info(f'backbone forward compiled with torch.compile({self.compile_cfg})')
 

@@ -3,7 +3,8 @@
 Follows mmdet's ``ResNeSt``: blocks of their own (:mod:`aa_det.models.blocks`) take an explicit
 ``attention`` conv config, and :meth:`AttentionResNet.make_res_layer` hands it to the stages
 listed in ``stage_with_attention``. mmdet's ``dcn`` / ``stage_with_dcn`` and ``plugins`` stay
-free and combine with attention.
+free and combine with attention. The other stages' blocks are mmdet's, with the attention blocks'
+``with_cp`` (:class:`~aa_det.models.blocks.BlockCheckpoint`: BatchNorm statistics updated once).
 
 Example:
     >>> import torch
@@ -19,7 +20,7 @@ from typing import Optional, Sequence
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck, ResNet
 from mmdet.registry import MODELS
 
-from ..blocks import AttentionBasicBlock, AttentionBottleneck
+from ..blocks import AttentionBasicBlock, AttentionBottleneck, PlainBasicBlock, PlainBottleneck
 
 #: arguments of a conv layer that the blocks set, never the ``attention`` config
 CONV_ARGS = ('in_channels', 'out_channels', 'kernel_size', 'stride', 'padding', 'dilation', 'groups', 'bias')
@@ -79,6 +80,8 @@ class AttentionResNet(ResNet):
 
     #: mmdet's block -> the same block with an attention layer
     attention_blocks = {Bottleneck: AttentionBottleneck, BasicBlock: AttentionBasicBlock}
+    #: mmdet's block -> the same block with the attention blocks' ``with_cp``, in the other stages
+    plain_blocks = {Bottleneck: PlainBottleneck, BasicBlock: PlainBasicBlock}
     #: attention-layer arguments :meth:`stage_attention` sets, refused in ``attention``
     stage_keys = ()
 
@@ -104,4 +107,6 @@ class AttentionResNet(ResNet):
         if self.stage_with_attention[stage]:
             kwargs['block'] = self.attention_blocks[kwargs['block']]
             kwargs['attention'] = self.stage_attention(stage)
+        else:
+            kwargs['block'] = self.plain_blocks[kwargs['block']]
         return super().make_res_layer(**kwargs)

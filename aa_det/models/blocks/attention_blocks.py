@@ -5,11 +5,12 @@ and of the GSA paper (Shen et al., Sec. 4: "replace all 3x3 convolutions with GS
 mmdet's ``Bottleneck`` / ``BasicBlock`` with one conv built from an explicit ``attention`` config
 (``AAConv`` or ``GSA``, registered conv layers), the way mmdet's ResNeSt replaces ``conv2``.
 Every other part is mmdet's: ``conv1 .. norm3`` and their checkpoint keys, ``downsample``,
-``with_cp``, ``zero_init_residual``, and ``plugins`` (which run around ``conv2`` as in any
+``zero_init_residual``, and ``plugins`` (which run around ``conv2`` as in any
 Bottleneck). ``conv_cfg`` (e.g. mmdet's ``dict(type='ConvWS')``) and ``dcn`` stay free: the block's
 ``dcn`` (unless its ``fallback_on_stride`` is true, as for mmdet's ``conv2``), else the attention
 config's own ``conv_cfg``, else the block's ``conv_cfg`` builds the convolutional part of an
-``AAConv`` (``concat[DCN(X), MHA(X)]``); a ``GSA`` module has none.
+``AAConv`` (``concat[DCN(X), MHA(X)]``); a ``GSA`` module has none. ``with_cp`` is
+:class:`~.checkpoint.BlockCheckpoint`'s: mmdet's recomputation, BatchNorm statistics updated once.
 
 Example:
     >>> import torch
@@ -28,6 +29,7 @@ from mmcv.cnn import build_conv_layer
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
 
 from ..layers import AAConv2d
+from .checkpoint import BlockCheckpoint
 
 
 def attention_layer_cfg(attention: dict, conv_cfg: Optional[dict], dcn: Optional[dict]) -> dict:
@@ -54,7 +56,7 @@ def attention_layer_cfg(attention: dict, conv_cfg: Optional[dict], dcn: Optional
     return attention
 
 
-class AttentionBottleneck(Bottleneck):
+class AttentionBottleneck(BlockCheckpoint, Bottleneck):
     """mmdet's ``Bottleneck`` whose 3x3 ``conv2`` is built from ``attention``.
 
     Args:
@@ -78,7 +80,7 @@ class AttentionBottleneck(Bottleneck):
                                       padding=self.dilation, dilation=self.dilation, bias=False)
 
 
-class AttentionBasicBlock(BasicBlock):
+class AttentionBasicBlock(BlockCheckpoint, BasicBlock):
     """mmdet's ``BasicBlock`` whose first 3x3 conv (``conv1``, stride and all) is built from
     ``attention``: the reading of the AA paper that gives its 20.7M for AA-ResNet-34
     (docs/design.md), and the paper's choice for Wide-ResNets.

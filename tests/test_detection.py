@@ -1,6 +1,7 @@
 """RetinaNet with aa_det backbones through the real Runner: configs, bad input, training."""
 import copy
 import glob
+import itertools
 import json
 import os
 import os.path as osp
@@ -179,8 +180,10 @@ def test_eager_data_preprocessor_hook_keeps_the_preprocessor_out_of_dynamo(tiny_
                       cfg_options=demo_options(tiny_shapes, **{'compile': True, 'train_dataloader.batch_size': 4}))
     runner = build_runner(cfg)
     hook = next(hook for hook in runner.hooks if isinstance(hook, EagerDataPreprocessorHook))
-    batch = next(iter(runner.train_dataloader))
-    assert len({tuple(image.shape) for image in batch['inputs']}) > 1  # sizes to stack and pad
+    # sizes to stack and pad: a batch of 4 images all jittered to >= 128 px crops to one size (1 in 16)
+    batches = itertools.chain.from_iterable(itertools.repeat(runner.train_dataloader, 4))  # 2 per epoch
+    batch = next((batch for batch in batches if len({tuple(image.shape) for image in batch['inputs']}) > 1), None)
+    assert batch is not None, 'eight batches of one image size each'
     preprocess = runner.model.data_preprocessor
     expected = preprocess(batch, True)['inputs']
     hook.before_train(runner)

@@ -81,6 +81,11 @@ def test_gsa_resnet_takes_conv_cfg_for_its_convs():
     (dict(stage_with_attention=(False, True, True)), r'stage_with_attention=\(False, True, True\) has 3 entries; it needs one per stage, num_stages=4'),
     (dict(num_stages=5), 'num_stages=5 must be 1 to 4'),
     (dict(num_stages=0), 'num_stages=0 must be 1 to 4'),
+    # mmdet's defaults for four stages, which its ResNet refused with a bare assert
+    (dict(num_stages=3, stage_with_attention=(False, True, True)),
+     r'strides=\(1, 2, 2, 2\) has 4 entries; it needs one per stage, num_stages=3'),
+    (dict(num_stages=3, stage_with_attention=(False, True, True), strides=(1, 2, 2), dilations=(1, 1, 1)),
+     r'out_indices=\(0, 1, 2, 3\) names a stage past num_stages=3 \(stages are 0 to 2\)'),
 ])
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_per_stage_settings_need_one_entry_per_stage(backbone, settings, error):
@@ -99,6 +104,26 @@ def test_three_stages_with_three_entries_build():
     model = MODELS.build(dict(TINY_AA, depth=18, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
                               out_indices=(0, 1, 2), stage_with_attention=(False, True, True)))
     assert [tuple(o.shape) for o in model(torch.rand(1, 3, 32, 32))] == [(1, 8, 8, 8), (1, 16, 4, 4), (1, 32, 2, 2)]
+
+
+@pytest.mark.parametrize('settings, error', [
+    (dict(dcn=dict(type='DCN', deform_groups=1), stage_with_dcn=(False, True, True, True)), 'dcn'),
+    (dict(plugins=[dict(cfg=dict(type='ContextBlock', ratio=1. / 4), position='after_conv3')]), 'plugins'),
+])
+def test_basic_block_depths_refuse_dcn_and_plugins(settings, error):
+    """mmdet's BasicBlock takes neither; AA-ResNet-18/34 stopped on its bare ``assert``."""
+    with pytest.raises(ValueError, match=rf'^AAResNet: depth=34 builds basic blocks, which take no {error} '
+                                         r".*use depth 50, 101, 152 \(bottleneck blocks\)$"):
+        MODELS.build(dict(TINY_AA, depth=34, **settings))
+
+
+def test_mmdets_own_bare_assert_is_named_by_its_line(tiny_shapes):
+    """The ``type='ResNet'`` controls are mmdet's class: its asserts carry no message; the check
+    quotes the failed one."""
+    cfg = _cfg(tiny_shapes, **{'model.backbone': dict(_delete_=True, type='ResNet', depth=50, num_stages=3)})
+    with pytest.raises(ConfigError, match=r"^model.backbone \(ResNet\): failed "
+                                          r"'assert len\(strides\) == len\(dilations\) == num_stages' at resnet.py:\d+$"):
+        check_model_config(cfg)
 
 
 # --- AA channels ----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ against the data, and its parts against each other.
 :func:`check_model_config` (called by :func:`aa_det.engine.build_runner`) raises a
 :class:`ConfigError` naming the config key, the value and what fits, for
 
-* a backbone that refuses its settings (built once, without weights);
+* a backbone that refuses its settings (built once, without weights; a bare assertion of
+  mmdet's is named by its source line);
 * ``model.neck.in_channels`` other than the output channels of an mmdet ``ResNet``
   backbone (``AAResNet`` and ``GSAResNet`` included): ``base_channels * 2**i *
   expansion`` for ``i`` in ``out_indices``;
@@ -24,6 +25,7 @@ import json
 import mmap
 import os.path as osp
 import re
+import traceback
 from typing import Iterator, List, Tuple
 
 from mmdet.datasets import CocoDataset
@@ -145,6 +147,11 @@ def check_backbone_and_neck(cfg: Config):
         backbone = MODELS.build(backbone_cfg)
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f'model.backbone: {e.args[0] if e.args else e}') from None
+    except AssertionError as e:  # mmdet's own checks (a ResNet's), often without a message: name the check
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        reason = f': {e}' if str(e) else ''
+        raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): failed {frame.line!r} at '
+                          f'{osp.basename(frame.filename)}:{frame.lineno}{reason}') from None
     neck = cfg.model.get('neck')
     if not isinstance(backbone, ResNet) or not isinstance(neck, dict) \
             or not isinstance(neck.get('in_channels'), (list, tuple)):

@@ -22,6 +22,9 @@ from mmdet.registry import MODELS
 
 from ..blocks import AttentionBasicBlock, AttentionBottleneck, PlainBasicBlock, PlainBottleneck
 
+#: mmdet ``ResNet``'s defaults, for the checks of the settings it will use
+RESNET_DEFAULTS = {key: p.default for key, p in inspect.signature(ResNet.__init__).parameters.items()
+                   if p.default is not inspect.Parameter.empty}
 #: arguments of a conv layer that the blocks set, never the ``attention`` config
 CONV_ARGS = ('in_channels', 'out_channels', 'kernel_size', 'stride', 'padding', 'dilation', 'groups', 'bias')
 
@@ -89,9 +92,21 @@ class AttentionResNet(ResNet):
         name = type(self).__name__
         if depth not in self.arch_settings:
             raise KeyError(f'{name}: invalid depth {depth}; choose from {sorted(self.arch_settings)}')
-        check_per_stage(name, kwargs.get('num_stages', 4), stage_with_attention=stage_with_attention,
-                        strides=kwargs.get('strides'), dilations=kwargs.get('dilations'),
-                        stage_with_dcn=kwargs.get('stage_with_dcn') if kwargs.get('dcn') else None)
+        settings = {**RESNET_DEFAULTS, **kwargs}  # what mmdet's ResNet will use
+        num_stages = settings['num_stages']
+        check_per_stage(name, num_stages, stage_with_attention=stage_with_attention,
+                        strides=settings['strides'], dilations=settings['dilations'],
+                        stage_with_dcn=settings['stage_with_dcn'] if settings['dcn'] else None)
+        if max(settings['out_indices']) >= num_stages:
+            raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} names a stage past '
+                             f'num_stages={num_stages} (stages are 0 to {num_stages - 1})')
+        block = self.arch_settings[depth][0]
+        unsupported = [key for key, used in (('dcn', settings['dcn'] and any(settings['stage_with_dcn'])),
+                                             ('plugins', settings['plugins'] is not None)) if used]
+        if block is BasicBlock and unsupported:
+            deep = sorted(d for d, (b, _) in self.arch_settings.items() if b is Bottleneck)
+            raise ValueError(f'{name}: depth={depth} builds basic blocks, which take no {" or ".join(unsupported)} '
+                             f'(mmdet\'s BasicBlock); use depth {", ".join(map(str, deep))} (bottleneck blocks)')
         check_attention_keys(name, attention, self.stage_keys)
         self.attention = dict(attention)
         self.stage_with_attention = tuple(stage_with_attention)

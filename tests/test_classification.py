@@ -86,6 +86,27 @@ def test_dataset_layouts_and_errors(shapes, tmp_path):
         ImageNetFolder(str(tmp_path / 'corrupt'))[0]
 
 
+def test_class_folders_that_differ_between_splits_or_from_num_classes(shapes, tmp_path):
+    """The folder layout labels classes by their sorted folder names: a class folder missing from
+    val shifted every later label there (accuracy silently wrong); ``num_classes`` below the
+    folders' count failed in the loss mid-epoch. Both are one line before the Runner is built."""
+    import shutil
+    from aa_det.engine import ConfigError
+    val = tmp_path / 'val'
+    shutil.copytree(shapes['val'], val)
+    shutil.rmtree(val / 'circle')
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
+        'val_dataloader.dataset.data_root': str(val)}))
+    with pytest.raises(ConfigError, match=rf'^val_dataloader.dataset.data_root={val} has other class folders than '
+                                          rf'train_dataloader.dataset.data_root={shapes["train"]} \(2 vs 3; only in '
+                                          r"one: circle\): the labels are the folders' sorted order$"):
+        build_runner(cfg)
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{'model.num_classes': 2}))
+    with pytest.raises(ConfigError, match=rf'^model.num_classes=2 but train_dataloader.dataset.data_root='
+                                          rf'{shapes["train"]} has 3 class folders$'):
+        build_runner(cfg)
+
+
 @pytest.mark.slow
 def test_classification_demo_learns(tmp_path):
     out = subprocess.run([sys.executable, osp.join(ROOT, 'demo/classification_demo.py'),

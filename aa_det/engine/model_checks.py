@@ -1,5 +1,5 @@
-"""Checks of a detection config before the Runner is built: the model's settings, its classes
-against the data, and its parts against each other.
+"""Checks of a detection or classification config before the Runner is built: the model's
+settings, its classes against the data, and its parts against each other.
 
 :func:`check_model_config` (called by :func:`aa_det.engine.build_runner`) raises a
 :class:`ConfigError` naming the config key, the value and what fits, for
@@ -15,7 +15,9 @@ against the data, and its parts against each other.
   in the file's order and name them in the config's);
 * ``num_classes`` of ``model.bbox_head`` / ``model.roi_head.bbox_head`` /
   ``model.roi_head.mask_head`` (each also a list, as in cascades; class-agnostic mask
-  heads aside) other than the number of those classes.
+  heads aside) other than the number of those classes;
+* folder-layout ``ImageNetFolder`` splits with different class folders (the labels are
+  their sorted order), or as many as ``model.num_classes`` of a classifier.
 
 The ``categories`` of an annotation file are read without parsing the file: they
 are found from its end (where COCO files keep them) in a memory map, then a bounded
@@ -23,6 +25,7 @@ window from there is decoded.
 """
 import json
 import mmap
+import os
 import os.path as osp
 import re
 import traceback
@@ -137,6 +140,37 @@ def check_classes(cfg: Config, splits=('train', 'val', 'test')):
                     raise ConfigError(f'{key}={num_classes} but {source} gives {len(classes)} classes')
 
 
+def check_class_folders(cfg: Config, splits=('train', 'val', 'test')):
+    """Every folder-layout ``ImageNetFolder`` of ``splits`` has the same class folders (its
+    labels are their sorted order: one missing in one split shifts the labels after it), and
+    as many as the classifier's ``model.num_classes``."""
+    from ..datasets import ImageNetFolder  # aa_det.datasets imports this package
+    layouts = []
+    for split in splits:
+        loader = cfg.get(f'{split}_dataloader')
+        if not loader or 'dataset' not in loader:
+            continue
+        for dataset, path in _leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
+            root = dataset.get('data_root')
+            dataset_type = DATASETS.get(dataset.get('type')) if isinstance(dataset.get('type'), str) \
+                else dataset.get('type')
+            if dataset_type is not ImageNetFolder or dataset.get('ann_file') \
+                    or not isinstance(root, str) or not osp.isdir(root):
+                continue  # the label-file layout checks its labels; a missing folder is the dataset's error
+            layouts.append((f'{path}.data_root', root, sorted(d.name for d in os.scandir(root) if d.is_dir())))
+    for key, root, classes in layouts[1:]:
+        first_key, first_root, first = layouts[0]
+        if classes != first:
+            differ = sorted(set(classes) ^ set(first))
+            raise ConfigError(f'{key}={root} has other class folders than {first_key}={first_root} '
+                              f'({len(classes)} vs {len(first)}; only in one: {", ".join(differ[:5])}'
+                              f'{", ..." if len(differ) > 5 else ""}): the labels are the folders\' sorted order')
+    num_classes = cfg.model.get('num_classes')
+    if layouts and isinstance(num_classes, int) and num_classes != len(layouts[0][2]):
+        key, root, classes = layouts[0]
+        raise ConfigError(f'model.num_classes={num_classes} but {key}={root} has {len(classes)} class folders')
+
+
 def check_backbone_and_neck(cfg: Config):
     """The backbone builds from its settings, and the neck's ``in_channels`` are the
     output channels of an mmdet ``ResNet`` (or subclass) backbone."""
@@ -170,3 +204,4 @@ def check_model_config(cfg: Config, splits=('train', 'val', 'test')):
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
         check_backbone_and_neck(cfg)
         check_classes(cfg, splits)
+        check_class_folders(cfg, splits)

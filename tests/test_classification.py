@@ -9,8 +9,10 @@ import torch
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
 from aa_det.datasets import ImageNetFolder, generate_shapes_folder
-from aa_det.engine import build_runner, load_config
+from aa_det.engine import ConfigError, build_runner, load_config
 from aa_det.evaluation import TopKAccuracy
+
+from tool_output import own_stderr
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py')
@@ -77,8 +79,16 @@ def test_dataset_layouts_and_errors(shapes, tmp_path):
         ImageNetFolder(str(tmp_path), ann_file='bad_labels.txt', num_classes=3)
     empty = tmp_path / 'empty_root'
     (empty / 'cat').mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match='class folder has no images: .*cat'):
+    with pytest.raises(ConfigError, match='class folder has no images: .*cat'):
         ImageNetFolder(str(empty))
+    (tmp_path / 'no_lines.txt').write_text('\n')
+    with pytest.raises(ConfigError, match=r'ann_file has no "<image> <label>" lines: .*no_lines.txt$'):
+        ImageNetFolder(str(tmp_path), ann_file='no_lines.txt')
+    # a listed image the disk lacks: found when the dataset is built, not when the first
+    # validation decodes it an epoch in
+    (tmp_path / 'one_missing.txt').write_text(f'{shapes["val"]}/circle/00000.png 0\n{shapes["val"]}/circle/x.png 0\n')
+    with pytest.raises(ConfigError, match=r'1 of 2 images listed in .*one_missing.txt are missing, first: .*circle/x.png$'):
+        ImageNetFolder('/', ann_file=str(tmp_path / 'one_missing.txt'))
     corrupt = tmp_path / 'corrupt' / 'dog'
     corrupt.mkdir(parents=True)
     (corrupt / 'x.png').write_bytes(b'not an image')
@@ -91,7 +101,6 @@ def test_class_folders_that_differ_between_splits_or_from_num_classes(shapes, tm
     val shifted every later label there (accuracy silently wrong); ``num_classes`` below the
     folders' count failed in the loss mid-epoch. Both are one line before the Runner is built."""
     import shutil
-    from aa_det.engine import ConfigError
     val = tmp_path / 'val'
     shutil.copytree(shapes['val'], val)
     shutil.rmtree(val / 'circle')
@@ -105,6 +114,19 @@ def test_class_folders_that_differ_between_splits_or_from_num_classes(shapes, tm
     with pytest.raises(ConfigError, match=rf'^model.num_classes=2 but train_dataloader.dataset.data_root='
                                           rf'{shapes["train"]} has 3 class folders$'):
         build_runner(cfg)
+
+
+def test_train_tool_names_a_missing_data_root_in_one_line(shapes, tmp_path):
+    """The dataset's errors are ConfigErrors: ``tools/train.py`` prints one ``aa_det:`` line
+    (it printed a traceback)."""
+    missing = tmp_path / 'nowhere'
+    options = _options(shapes, **{'train_dataloader.dataset.data_root': str(missing)})
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', str(tmp_path / 'w'),
+                          '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert own_stderr(out.stderr).strip().splitlines()[-1] == f'aa_det: ImageNetFolder: data_root is not a folder: {missing}'
+    assert 'Traceback' not in out.stderr
 
 
 @pytest.mark.slow

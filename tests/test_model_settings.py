@@ -85,7 +85,8 @@ def test_gsa_resnet_takes_conv_cfg_for_its_convs():
     (dict(num_stages=3, stage_with_attention=(False, True, True)),
      r'strides=\(1, 2, 2, 2\) has 4 entries; it needs one per stage, num_stages=3'),
     (dict(num_stages=3, stage_with_attention=(False, True, True), strides=(1, 2, 2), dilations=(1, 1, 1)),
-     r'out_indices=\(0, 1, 2, 3\) names a stage past num_stages=3 \(stages are 0 to 2\)'),
+     r'out_indices=\(0, 1, 2, 3\) names no stage or one past num_stages=3 \(stages are 0 to 2\)'),
+    (dict(out_indices=()), r'out_indices=\(\) names no stage or one past num_stages=4'),
 ])
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_per_stage_settings_need_one_entry_per_stage(backbone, settings, error):

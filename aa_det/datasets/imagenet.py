@@ -79,15 +79,15 @@ class ImageNetFolder(Dataset):
                         label = int(label)
                     except ValueError:
                         raise ConfigError(f'ImageNetFolder: {path}:{line_no}: expected "<image> <label>", '
-                                         f'got {line.strip()!r}') from None
+                                          f'got {line.strip()!r}') from None
                     if label < 0 or (num_classes is not None and label >= num_classes):
                         raise ConfigError(f'ImageNetFolder: {path}:{line_no}: label {label} outside '
-                                         f'[0, {num_classes})')
+                                          f'[0, {num_classes})')
                     self.samples.append((osp.join(data_root, name), label))
             if not self.samples:
                 raise ConfigError(f'ImageNetFolder: ann_file has no "<image> <label>" lines: {path}')
             missing = missing_files([image for image, _ in self.samples])
-            if missing:  # else the first validation, an epoch in, would stop on it
+            if missing:  # else decoding it would stop the run (in val: at the first validation)
                 raise ConfigError(f'ImageNetFolder: {len(missing)} of {len(self.samples)} images listed in '
                                   f'{path} are missing, first: {missing[0]}')
             n = num_classes or 1 + max(label for _, label in self.samples)

@@ -154,7 +154,8 @@ def check_class_folders(cfg: Config, splits=('train', 'val', 'test')):
             root = dataset.get('data_root')
             dataset_type = DATASETS.get(dataset.get('type')) if isinstance(dataset.get('type'), str) \
                 else dataset.get('type')
-            if dataset_type is not ImageNetFolder or dataset.get('ann_file') \
+            if not (isinstance(dataset_type, type) and issubclass(dataset_type, ImageNetFolder)) \
+                    or dataset.get('ann_file') \
                     or not isinstance(root, str) or not osp.isdir(root):
                 continue  # the label-file layout checks its labels; a missing folder is the dataset's error
             layouts.append((f'{path}.data_root', root, sorted(d.name for d in os.scandir(root) if d.is_dir())))
@@ -183,8 +184,10 @@ def check_backbone_and_neck(cfg: Config):
         raise ConfigError(f'model.backbone: {e.args[0] if e.args else e}') from None
     except AssertionError as e:  # mmdet's own checks (a ResNet's), often without a message: name the check
         frame = traceback.extract_tb(e.__traceback__)[-1]
+        if not any(f'{os.sep}{package}{os.sep}' in frame.filename for package in ('mmdet', 'mmcv', 'mmengine')):
+            raise  # not a settings check of OpenMMLab's: keep the traceback
         reason = f': {e}' if str(e) else ''
-        raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): failed {frame.line!r} at '
+        raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): failed {frame.line or "an assert"!r} at '
                           f'{osp.basename(frame.filename)}:{frame.lineno}{reason}') from None
     neck = cfg.model.get('neck')
     if not isinstance(backbone, ResNet) or not isinstance(neck, dict) \

@@ -97,8 +97,8 @@ class AttentionResNet(ResNet):
         check_per_stage(name, num_stages, stage_with_attention=stage_with_attention,
                         strides=settings['strides'], dilations=settings['dilations'],
                         stage_with_dcn=settings['stage_with_dcn'] if settings['dcn'] else None)
-        if max(settings['out_indices']) >= num_stages:
-            raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} names a stage past '
+        if not settings['out_indices'] or max(settings['out_indices']) >= num_stages:
+            raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} names no stage or one past '
                              f'num_stages={num_stages} (stages are 0 to {num_stages - 1})')
         block = self.arch_settings[depth][0]
         unsupported = [key for key, used in (('dcn', settings['dcn'] and any(settings['stage_with_dcn'])),

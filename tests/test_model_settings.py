@@ -87,6 +87,8 @@ def test_gsa_resnet_takes_conv_cfg_for_its_convs():
     (dict(num_stages=3, stage_with_attention=(False, True, True), strides=(1, 2, 2), dilations=(1, 1, 1)),
      r'out_indices=\(0, 1, 2, 3\) names no stage or one past num_stages=3 \(stages are 0 to 2\)'),
     (dict(out_indices=()), r'out_indices=\(\) names no stage or one past num_stages=4'),
+    # mmdet's ResNet stopped in _freeze_stages: AttributeError 'layer5'
+    (dict(frozen_stages=5), r'frozen_stages=5 freezes more stages than num_stages=4'),
 ])
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_per_stage_settings_need_one_entry_per_stage(backbone, settings, error):
@@ -118,6 +120,15 @@ def test_basic_block_depths_refuse_dcn_and_plugins(settings, error):
         MODELS.build(dict(TINY_AA, depth=34, **settings))
 
 
+def test_mmdets_resnet_freezing_more_stages_than_it_has(tiny_shapes):
+    """The ``type='ResNet'`` control stopped its build with ``AttributeError: 'ResNet' object has no
+    attribute 'layer5'``; the check names the setting."""
+    cfg = _cfg(tiny_shapes, **{'model.backbone': dict(_delete_=True, type='ResNet', depth=50, frozen_stages=5)})
+    with pytest.raises(ConfigError, match=r'^model.backbone.frozen_stages=5 freezes more stages than num_stages=4 '
+                                          r'\(ResNet; '):
+        check_model_config(cfg)
+
+
 def test_mmdets_own_bare_assert_is_named_by_its_line(tiny_shapes):
     """The ``type='ResNet'`` controls are mmdet's class: its asserts carry no message; the check
     quotes the failed one."""
@@ -147,6 +158,24 @@ def test_fully_attentional_network_stays_allowed():
 def test_aa_conv_without_a_conv_part_is_refused():
     with pytest.raises(ValueError, match=r'value_ratio=0.25 of out_channels=8 rounds to dv=8'):
         AAConv2d(8, 8, key_ratio=0.25, value_ratio=0.25, num_heads=8)
+
+
+@pytest.mark.parametrize('attention, error', [
+    (dict(num_heads=0), 'num_heads must be >= 1, got 0'),  # was a ZeroDivisionError
+    (dict(value_ratio=1.5), r'value_ratio must be in \(0, 1\] \(1.0: fully attentional\), got 1.5'),  # was 1.0
+    (dict(value_ratio=0), r'value_ratio must be in \(0, 1\]'),
+    (dict(key_ratio=-0.2), 'key_ratio must be >= 0, got -0.2'),
+    (dict(max_rel_dist=32.0), 'max_rel_dist must be an int >= 1, got 32.0'),  # was a TypeError in torch.empty
+])
+def test_aa_attention_settings_out_of_range_are_refused(attention, error):
+    """Each was a traceback, or (``value_ratio`` > 1) a fully attentional network without a word."""
+    with pytest.raises(ValueError, match=f'^AAConv2d: {error}'):
+        MODELS.build(dict(type='AAResNet', depth=18, attention=attention))
+
+
+def test_gsa_max_rel_dist_must_be_an_int():
+    with pytest.raises(ValueError, match=r'^GlobalSelfAttention2d: max_rel_dist must be an int >= 1, got 32.0'):
+        MODELS.build(dict(type='GSAResNet', depth=26, attention=dict(max_rel_dist=32.0)))
 
 
 # --- attention keys -------------------------------------------------------------------------

@@ -5,7 +5,8 @@ settings, its classes against the data, and its parts against each other.
 :class:`ConfigError` naming the config key, the value and what fits, for
 
 * a backbone that refuses its settings (built once, without weights; a bare assertion of
-  mmdet's is named by its source line);
+  mmdet's is named by its source line), or an mmdet ``ResNet`` that would freeze more stages
+  than it has;
 * ``model.neck.in_channels`` other than the output channels of an mmdet ``ResNet``
   backbone (``AAResNet`` and ``GSAResNet`` included): ``base_channels * 2**i *
   expansion`` for ``i`` in ``out_indices``;
@@ -23,6 +24,7 @@ The ``categories`` of an annotation file are read without parsing the file: they
 are found from its end (where COCO files keep them) in a memory map, then a bounded
 window from there is decoded.
 """
+import inspect
 import json
 import mmap
 import os
@@ -172,12 +174,34 @@ def check_class_folders(cfg: Config, splits=('train', 'val', 'test')):
         raise ConfigError(f'model.num_classes={num_classes} but {key}={root} has {len(classes)} class folders')
 
 
+def check_frozen_stages(backbone_cfg: dict):
+    """An mmdet ``ResNet`` (or subclass) freezes at most its ``num_stages``: one more stopped
+    its build with ``AttributeError: 'ResNet' object has no attribute 'layer5'``."""
+    backbone_type = backbone_cfg.get('type')
+    if isinstance(backbone_type, str):
+        backbone_type = MODELS.get(backbone_type)
+    if not (isinstance(backbone_type, type) and issubclass(backbone_type, ResNet)):
+        return
+    settings = {**_defaults(ResNet), **_defaults(backbone_type), **backbone_cfg}
+    frozen, stages = settings['frozen_stages'], settings['num_stages']
+    if isinstance(frozen, int) and isinstance(stages, int) and frozen > stages:
+        raise ConfigError(f'model.backbone.frozen_stages={frozen} freezes more stages than num_stages={stages} '
+                          f'({backbone_cfg.get("type")}; -1: none, 0: the stem, i: the stem and stages 1 to i)')
+
+
+def _defaults(cls) -> dict:
+    """The default arguments of ``cls.__init__``."""
+    return {key: p.default for key, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def check_backbone_and_neck(cfg: Config):
     """The backbone builds from its settings, and the neck's ``in_channels`` are the
     output channels of an mmdet ``ResNet`` (or subclass) backbone."""
     backbone_cfg = cfg.model.get('backbone')
     if not isinstance(backbone_cfg, dict):
         return
+    check_frozen_stages(backbone_cfg)
     try:
         backbone = MODELS.build(backbone_cfg)
     except (ValueError, TypeError, KeyError) as e:

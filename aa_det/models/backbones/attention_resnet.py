@@ -100,6 +100,9 @@ class AttentionResNet(ResNet):
         if not settings['out_indices'] or max(settings['out_indices']) >= num_stages:
             raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} names no stage or one past '
                              f'num_stages={num_stages} (stages are 0 to {num_stages - 1})')
+        if settings['frozen_stages'] > num_stages:  # mmdet's ResNet: AttributeError 'layer5' in _freeze_stages
+            raise ValueError(f'{name}: frozen_stages={settings["frozen_stages"]} freezes more stages than '
+                             f'num_stages={num_stages} (-1: none, 0: the stem, i: the stem and stages 1 to i)')
         block = self.arch_settings[depth][0]
         unsupported = [key for key, used in (('dcn', settings['dcn'] and any(settings['stage_with_dcn'])),
                                              ('plugins', settings['plugins'] is not None)) if used]

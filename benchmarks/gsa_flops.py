@@ -40,7 +40,8 @@ from aa_det.models.layers import GlobalSelfAttention2d  # noqa: E402
 
 
 def layer_flops(cfg: dict, size: int):
-    """Total forward FLOPs and those of each block's ``conv2``; the GSA modules' input shapes."""
+    """Total forward FLOPs, those of each block's ``conv2``, the GSA modules' input shapes and
+    the model's modules by name."""
     model = MODELS.build(cfg)
     model.eval()  # mmdet's ResNet.train() returns None: no chaining
     shapes = {}
@@ -62,7 +63,8 @@ def stride_aware_savings(module: GlobalSelfAttention2d, shape) -> int:
     B, _, H, W = shape
     C, dk = module.out_channels, module.head_dim
     row_values = B * H * (W // 2) * W * C if 'row' in module.components else 0
-    content = B * (H * W - (H // 2) * (W // 2)) * C * dk if 'content' in module.components else 0
+    pooled = -(-H // 2) * -(-W // 2)  # the pool's ceil_mode: odd sizes keep their last row / column
+    content = B * (H * W - pooled) * C * dk if 'content' in module.components else 0
     return 2 * (row_values + content)  # multiply-adds -> FLOPs, as FlopCounterMode counts
 
 

@@ -116,6 +116,24 @@ def test_class_folders_that_differ_between_splits_or_from_num_classes(shapes, tm
         build_runner(cfg)
 
 
+def test_class_folders_of_an_imagenet_folder_subclass_are_checked(shapes, tmp_path):
+    """A user's registered subclass of ``ImageNetFolder`` labels its folders the same way."""
+    import shutil
+    from mmdet.registry import DATASETS
+
+    @DATASETS.register_module(force=True)
+    class SubclassedFolder(ImageNetFolder):
+        pass
+
+    val = tmp_path / 'val'
+    shutil.copytree(shapes['val'], val)
+    shutil.rmtree(val / 'square')
+    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
+        'val_dataloader.dataset.data_root': str(val), 'val_dataloader.dataset.type': 'SubclassedFolder'}))
+    with pytest.raises(ConfigError, match=r'^val_dataloader.dataset.data_root=.* \(2 vs 3; only in one: square\)'):
+        build_runner(cfg)
+
+
 def test_train_tool_names_a_missing_data_root_in_one_line(shapes, tmp_path):
     """The dataset's errors are ConfigErrors: ``tools/train.py`` prints one ``aa_det:`` line
     (it printed a traceback)."""

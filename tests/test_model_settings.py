@@ -85,8 +85,8 @@ def test_gsa_resnet_takes_conv_cfg_for_its_convs():
     (dict(num_stages=3, stage_with_attention=(False, True, True)),
      r'strides=\(1, 2, 2, 2\) has 4 entries; it needs one per stage, num_stages=3'),
     (dict(num_stages=3, stage_with_attention=(False, True, True), strides=(1, 2, 2), dilations=(1, 1, 1)),
-     r'out_indices=\(0, 1, 2, 3\) names no stage or one past num_stages=3 \(stages are 0 to 2\)'),
-    (dict(out_indices=()), r'out_indices=\(\) names no stage or one past num_stages=4'),
+     r'out_indices=\(0, 1, 2, 3\) is empty or names a stage past the last \(num_stages=3: stages 0 to 2\)'),
+    (dict(out_indices=()), r'out_indices=\(\) is empty or names a stage past the last \(num_stages=4'),
     # mmdet's ResNet stopped in _freeze_stages: AttributeError 'layer5'
     (dict(frozen_stages=5), r'frozen_stages=5 freezes more stages than num_stages=4'),
 ])
@@ -126,6 +126,29 @@ def test_mmdets_resnet_freezing_more_stages_than_it_has(tiny_shapes):
     cfg = _cfg(tiny_shapes, **{'model.backbone': dict(_delete_=True, type='ResNet', depth=50, frozen_stages=5)})
     with pytest.raises(ConfigError, match=r'^model.backbone.frozen_stages=5 freezes more stages than num_stages=4 '
                                           r'\(ResNet; '):
+        check_model_config(cfg)
+
+
+def test_an_assert_outside_openmmlab_keeps_its_traceback(tiny_shapes):
+    """Only OpenMMLab's own settings asserts are quoted in one line; any other is a bug whose
+    traceback is kept."""
+    @MODELS.register_module(force=True)
+    class AssertingBackbone(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            assert False, 'a bug'
+
+    cfg = _cfg(tiny_shapes, **{'model.backbone': dict(_delete_=True, type='AssertingBackbone')})
+    with pytest.raises(AssertionError, match='^a bug'):  # pytest adds the rewritten assert below it
+        check_model_config(cfg)
+
+
+def test_mmdets_assert_with_a_message_gives_the_message(tiny_shapes):
+    """The source line of a multi-line assert is only its first: the message says it."""
+    cfg = _cfg(tiny_shapes, **{'model.backbone': dict(_delete_=True, type='ResNet', depth=50, pretrained='x.pth',
+                                                      init_cfg=dict(type='Pretrained', checkpoint='x.pth'))})
+    with pytest.raises(ConfigError, match=r'^model.backbone \(ResNet\): init_cfg and pretrained cannot be specified at '
+                                          r'the same time \(assert at resnet.py:\d+\)$'):
         check_model_config(cfg)
 
 
@@ -171,6 +194,11 @@ def test_aa_attention_settings_out_of_range_are_refused(attention, error):
     """Each was a traceback, or (``value_ratio`` > 1) a fully attentional network without a word."""
     with pytest.raises(ValueError, match=f'^AAConv2d: {error}'):
         MODELS.build(dict(type='AAResNet', depth=18, attention=attention))
+
+
+def test_aa_ratios_are_not_checked_where_explicit_channels_replace_them():
+    conv = AAConv2d(8, 16, key_channels=4, value_channels=4, key_ratio=-1, value_ratio=0, num_heads=2)
+    assert (conv.key_channels, conv.value_channels) == (4, 4)
 
 
 def test_gsa_max_rel_dist_must_be_an_int():

@@ -81,8 +81,8 @@ class ImageNetFolder(Dataset):
                         raise ConfigError(f'ImageNetFolder: {path}:{line_no}: expected "<image> <label>", '
                                           f'got {line.strip()!r}') from None
                     if label < 0 or (num_classes is not None and label >= num_classes):
-                        raise ConfigError(f'ImageNetFolder: {path}:{line_no}: label {label} outside '
-                                          f'[0, {num_classes})')
+                        bound = 'is negative' if num_classes is None else f'outside [0, {num_classes})'
+                        raise ConfigError(f'ImageNetFolder: {path}:{line_no}: label {label} {bound}')
                     self.samples.append((osp.join(data_root, name), label))
             if not self.samples:
                 raise ConfigError(f'ImageNetFolder: ann_file has no "<image> <label>" lines: {path}')

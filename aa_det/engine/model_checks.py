@@ -18,7 +18,7 @@ settings, its classes against the data, and its parts against each other.
   ``model.roi_head.mask_head`` (each also a list, as in cascades; class-agnostic mask
   heads aside) other than the number of those classes;
 * folder-layout ``ImageNetFolder`` splits with different class folders (the labels are
-  their sorted order), or as many as ``model.num_classes`` of a classifier.
+  their sorted order), or a number of them other than a classifier's ``model.num_classes``.
 
 The ``categories`` of an annotation file are read without parsing the file: they
 are found from its end (where COCO files keep them) in a memory map, then a bounded
@@ -39,6 +39,7 @@ from mmdet.registry import DATASETS, MODELS
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
+from ..models.backbones.attention_resnet import RESNET_DEFAULTS, init_defaults
 from .errors import ConfigError
 
 _CATEGORIES = re.compile(rb'"categories"\s*:\s*')
@@ -161,17 +162,16 @@ def check_class_folders(cfg: Config, splits=('train', 'val', 'test')):
                     or not isinstance(root, str) or not osp.isdir(root):
                 continue  # the label-file layout checks its labels; a missing folder is the dataset's error
             layouts.append((f'{path}.data_root', root, sorted(d.name for d in os.scandir(root) if d.is_dir())))
+    first_key, first_root, first = layouts[0] if layouts else (None, None, None)
     for key, root, classes in layouts[1:]:
-        first_key, first_root, first = layouts[0]
         if classes != first:
             differ = sorted(set(classes) ^ set(first))
             raise ConfigError(f'{key}={root} has other class folders than {first_key}={first_root} '
                               f'({len(classes)} vs {len(first)}; only in one: {", ".join(differ[:5])}'
                               f'{", ..." if len(differ) > 5 else ""}): the labels are the folders\' sorted order')
     num_classes = cfg.model.get('num_classes')
-    if layouts and isinstance(num_classes, int) and num_classes != len(layouts[0][2]):
-        key, root, classes = layouts[0]
-        raise ConfigError(f'model.num_classes={num_classes} but {key}={root} has {len(classes)} class folders')
+    if layouts and isinstance(num_classes, int) and num_classes != len(first):
+        raise ConfigError(f'model.num_classes={num_classes} but {first_key}={first_root} has {len(first)} class folders')
 
 
 def check_frozen_stages(backbone_cfg: dict):
@@ -182,17 +182,15 @@ def check_frozen_stages(backbone_cfg: dict):
         backbone_type = MODELS.get(backbone_type)
     if not (isinstance(backbone_type, type) and issubclass(backbone_type, ResNet)):
         return
-    settings = {**_defaults(ResNet), **_defaults(backbone_type), **backbone_cfg}
+    params = inspect.signature(backbone_type.__init__).parameters.values()
+    if not any(p.name == 'num_stages' or p.kind is p.VAR_KEYWORD for p in params):
+        return  # its stages come from elsewhere (RegNet: from arch)
+    settings = {**RESNET_DEFAULTS, **init_defaults(backbone_type), **backbone_cfg}
     frozen, stages = settings['frozen_stages'], settings['num_stages']
     if isinstance(frozen, int) and isinstance(stages, int) and frozen > stages:
         raise ConfigError(f'model.backbone.frozen_stages={frozen} freezes more stages than num_stages={stages} '
                           f'({backbone_cfg.get("type")}; -1: none, 0: the stem, i: the stem and stages 1 to i)')
 
-
-def _defaults(cls) -> dict:
-    """The default arguments of ``cls.__init__``."""
-    return {key: p.default for key, p in inspect.signature(cls.__init__).parameters.items()
-            if p.default is not inspect.Parameter.empty}
 
 
 def check_backbone_and_neck(cfg: Config):
@@ -210,9 +208,11 @@ def check_backbone_and_neck(cfg: Config):
         frame = traceback.extract_tb(e.__traceback__)[-1]
         if not any(f'{os.sep}{package}{os.sep}' in frame.filename for package in ('mmdet', 'mmcv', 'mmengine')):
             raise  # not a settings check of OpenMMLab's: keep the traceback
-        reason = f': {e}' if str(e) else ''
-        raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): failed {frame.line or "an assert"!r} at '
-                          f'{osp.basename(frame.filename)}:{frame.lineno}{reason}') from None
+        where = f'{osp.basename(frame.filename)}:{frame.lineno}'
+        if str(e):  # its message says it; the source line may be the first of several
+            raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): {e} (assert at {where})') from None
+        raise ConfigError(f'model.backbone ({backbone_cfg.get("type")}): failed {frame.line or "an assert"!r} '
+                          f'at {where}') from None
     neck = cfg.model.get('neck')
     if not isinstance(backbone, ResNet) or not isinstance(neck, dict) \
             or not isinstance(neck.get('in_channels'), (list, tuple)):

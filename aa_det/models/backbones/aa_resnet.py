@@ -26,8 +26,8 @@ from .attention_resnet import AttentionResNet, check_per_stage
 class AAResNet(AttentionResNet):
     """Attention Augmented ResNet (AA paper, Sec. 4.2, Table 2).
 
-    Takes every argument of mmdet's ``ResNet`` (``dcn``, ``plugins`` included; with
-    ``dcn`` an augmented conv's convolutional part is deformable) plus:
+    Takes every argument of mmdet's ``ResNet`` (``dcn``, ``plugins`` included at the
+    bottleneck depths; with ``dcn`` an augmented conv's convolutional part is deformable) plus:
 
     Args:
         attention (dict, optional): overrides of the ``AAConv`` config

@@ -22,9 +22,15 @@ from mmdet.registry import MODELS
 
 from ..blocks import AttentionBasicBlock, AttentionBottleneck, PlainBasicBlock, PlainBottleneck
 
+
+def init_defaults(cls) -> dict:
+    """The default arguments of ``cls.__init__``."""
+    return {key: p.default for key, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 #: mmdet ``ResNet``'s defaults, for the checks of the settings it will use
-RESNET_DEFAULTS = {key: p.default for key, p in inspect.signature(ResNet.__init__).parameters.items()
-                   if p.default is not inspect.Parameter.empty}
+RESNET_DEFAULTS = init_defaults(ResNet)
 #: arguments of a conv layer that the blocks set, never the ``attention`` config
 CONV_ARGS = ('in_channels', 'out_channels', 'kernel_size', 'stride', 'padding', 'dilation', 'groups', 'bias')
 
@@ -98,8 +104,8 @@ class AttentionResNet(ResNet):
                         strides=settings['strides'], dilations=settings['dilations'],
                         stage_with_dcn=settings['stage_with_dcn'] if settings['dcn'] else None)
         if not settings['out_indices'] or max(settings['out_indices']) >= num_stages:
-            raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} names no stage or one past '
-                             f'num_stages={num_stages} (stages are 0 to {num_stages - 1})')
+            raise ValueError(f'{name}: out_indices={tuple(settings["out_indices"])} is empty or names a stage past the '
+                             f'last (num_stages={num_stages}: stages 0 to {num_stages - 1})')
         if settings['frozen_stages'] > num_stages:  # mmdet's ResNet: AttributeError 'layer5' in _freeze_stages
             raise ValueError(f'{name}: frozen_stages={settings["frozen_stages"]} freezes more stages than '
                              f'num_stages={num_stages} (-1: none, 0: the stem, i: the stem and stages 1 to i)')

@@ -14,6 +14,7 @@ Example:
     >>> AAConv2d(64, 64, 3, stride=2, num_heads=4)(torch.rand(1, 64, 9, 13)).shape
     torch.Size([1, 64, 5, 7])
 """
+import numbers
 from typing import Optional
 
 import torch
@@ -45,15 +46,9 @@ def aa_channels(out_channels: int, key_ratio: float, value_ratio: float, num_hea
     ``dk = max(round(kappa * F_out), min_key_dim_per_head * Nh)`` and
     ``dv = min(round(upsilon * F_out), F_out)``, rounded to multiples of ``Nh``.
     This reading reproduces the AA paper's parameter counts (Tables 2, 5 and 9).
-    ``num_heads`` must be positive, ``key_ratio`` non-negative and ``value_ratio`` in
-    ``(0, 1]`` (1: fully attentional); a larger one would be clipped silently.
     """
     if num_heads < 1:
         raise ValueError(f'AAConv2d: num_heads must be >= 1, got {num_heads}')
-    if key_ratio < 0:
-        raise ValueError(f'AAConv2d: key_ratio must be >= 0, got {key_ratio}')
-    if not 0 < value_ratio <= 1:
-        raise ValueError(f'AAConv2d: value_ratio must be in (0, 1] (1.0: fully attentional), got {value_ratio}')
     dk = max(round_to_heads(key_ratio * out_channels, num_heads), min_key_dim_per_head * num_heads)
     dv = min(round_to_heads(value_ratio * out_channels, num_heads), out_channels)
     return dk, dv
@@ -105,11 +100,11 @@ class AAConv2d(BaseModule):
         dilation (int): dilation of the convolutional part. Defaults to 1.
         groups (int): must be 1.
         bias (bool): bias of the convolutional part. Defaults to False.
-        key_ratio (float): ``kappa = dk / F_out``. Defaults to 0.2.
-        value_ratio (float): ``upsilon = dv / F_out``; 1.0 makes the layer fully
+        key_ratio (float): ``kappa = dk / F_out``, at least 0. Defaults to 0.2.
+        value_ratio (float): ``upsilon = dv / F_out``, in ``(0, 1]``; 1.0 makes the layer fully
             attentional. Below 1, ``dv`` must round to fewer than ``out_channels``
             (the convolutional part keeps ``out_channels - dv``). Defaults to 0.1.
-        num_heads (int): ``Nh``. Defaults to 8.
+        num_heads (int): ``Nh``, at least 1. Defaults to 8.
         min_key_dim_per_head (int): lower bound on ``dkh`` (the paper's "minimum
             of 20 dimensions per head for the keys"). Defaults to 20.
         key_channels (int, optional): explicit ``dk``, overrides ``key_ratio``.
@@ -153,6 +148,10 @@ class AAConv2d(BaseModule):
                  conv_cfg: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
+        if key_channels is None and key_ratio < 0:
+            raise ValueError(f'AAConv2d: key_ratio must be >= 0, got {key_ratio}')
+        if value_channels is None and not 0 < value_ratio <= 1:  # above 1, dv's clip made it 1.0 unsaid
+            raise ValueError(f'AAConv2d: value_ratio must be in (0, 1] (1.0: fully attentional), got {value_ratio}')
         dk, dv = aa_channels(out_channels, key_ratio, value_ratio, num_heads, min_key_dim_per_head)
         dk = dk if key_channels is None else key_channels
         dv = dv if value_channels is None else value_channels
@@ -175,7 +174,7 @@ class AAConv2d(BaseModule):
             raise ValueError(f'AAConv2d: groups must be 1, got {groups}')
         if kernel_size % 2 != 1:
             raise ValueError(f'AAConv2d: kernel_size must be odd, got {kernel_size}')
-        if not isinstance(max_rel_dist, int) or max_rel_dist < 1:  # a float: the tables' row count
+        if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # a float: the tables' row count
             raise ValueError(f'AAConv2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
         self.stride, self.num_heads = stride, num_heads

@@ -192,7 +192,6 @@ def check_frozen_stages(backbone_cfg: dict):
                           f'({backbone_cfg.get("type")}; -1: none, 0: the stem, i: the stem and stages 1 to i)')
 
 
-
 def check_backbone_and_neck(cfg: Config):
     """The backbone builds from its settings, and the neck's ``in_channels`` are the
     output channels of an mmdet ``ResNet`` (or subclass) backbone."""

@@ -174,7 +174,7 @@ class AAConv2d(BaseModule):
             raise ValueError(f'AAConv2d: groups must be 1, got {groups}')
         if kernel_size % 2 != 1:
             raise ValueError(f'AAConv2d: kernel_size must be odd, got {kernel_size}')
-        if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # a float: the tables' row count
+        if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
             raise ValueError(f'AAConv2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
         self.stride, self.num_heads = stride, num_heads

@@ -432,7 +432,7 @@ class GlobalSelfAttention2d(BaseModule):
                              f'{GSA_COMPONENTS}, got {components}')
         if stride not in (1, 2):
             raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
-        if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # a float: the tables' row count
+        if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
             raise ValueError(f'GlobalSelfAttention2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
         self.key_channels, self.num_heads, self.stride = key_channels, num_heads, stride

@@ -1,0 +1,86 @@
+"""The documentation describes the product as it is: no rounds of work or issue numbers in the
+user-facing pages (history lives in CHANGELOG.md), and the pictures' command writes its PNGs."""
+import glob
+import os
+import os.path as osp
+import re
+import subprocess
+
+import pytest
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+PAGES = sorted(
+    [osp.join(ROOT, 'README.md')]
+    + glob.glob(osp.join(ROOT, 'docs', '*.md'))
+    + glob.glob(osp.join(ROOT, 'configs', '*', 'README.md')))
+# "session(s)" as a whole word; "issue 19", "issues 11 and 19", "#19" (not in a URL or an anchor
+# such as "(#detection-speed)", which has no digits right after the '#')
+FORBIDDEN = {
+    'session': re.compile(r'\bsessions?\b', re.IGNORECASE),
+    'issue number': re.compile(r'\bissues?\s+#?\d+|(?<![\w/&])#\d+\b', re.IGNORECASE),
+}
+PICTURES = ('detections.png', 'attention_aa.png', 'attention_gsa.png', 'benchmark_ratios.png')
+
+
+def _hits(text, pattern):
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in pattern.finditer(line):
+            yield number, match.group(0)
+
+
+def test_pages_exist():
+    names = {osp.relpath(p, ROOT) for p in PAGES}
+    assert {'README.md', 'docs/benchmarks.md', 'docs/tests.md', 'configs/retinanet/README.md'} <= names
+
+
+@pytest.mark.parametrize('kind', sorted(FORBIDDEN))
+def test_no_history_words_in_pages(kind):
+    found = []
+    for path in PAGES:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        found += [f'{osp.relpath(path, ROOT)}:{n}: {word!r}' for n, word in _hits(text, FORBIDDEN[kind])]
+    assert not found, f'{kind} in the documentation (history goes to CHANGELOG.md):\n' + '\n'.join(found)
+
+
+def test_forbidden_patterns_catch_what_they_should():
+    assert list(_hits('Third Session, same counter', FORBIDDEN['session']))
+    assert list(_hits('the sessions before', FORBIDDEN['session']))
+    assert not list(_hits('ort.InferenceSession(path)', FORBIDDEN['session']))
+    for text in ('before issue 19', 'Issue 11: not measured', 'see #19', 'issues 11'):
+        assert list(_hits(text, FORBIDDEN['issue number'])), text
+    for text in ('[speed](docs/benchmarks.md#detection-speed)', 'https://github.com/pytorch/pytorch/issues/172204',
+                 'an issue of mmdet', 'ab&#39;s'):
+        assert not list(_hits(text, FORBIDDEN['issue number'])), text
+
+
+def test_readme_is_a_front_page():
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        text = f.read()
+    assert len(text.splitlines()) < 150
+    for picture in PICTURES:
+        assert f'docs/img/{picture}' in text, picture
+        path = osp.join(ROOT, 'docs', 'img', picture)
+        assert osp.isfile(path), path
+        assert 0 < osp.getsize(path) < 300 * 1024, (path, osp.getsize(path))
+    assert 'bash tools/make_pictures.sh' in text
+
+
+def test_benchmarks_page_has_one_section_per_script():
+    with open(osp.join(ROOT, 'docs', 'benchmarks.md'), encoding='utf-8') as f:
+        text = f.read()
+    for script in sorted(glob.glob(osp.join(ROOT, 'benchmarks', '*.py'))):
+        name = osp.basename(script)
+        assert re.search(rf'^## .*`{re.escape(name)}`', text, re.MULTILINE), name
+        assert f'.venv/bin/python benchmarks/{name}' in text, name
+
+
+@pytest.mark.slow
+def test_make_pictures_writes_every_png(tmp_path):
+    """Trains the AA and GSA demo detectors (a few minutes on 2 cores) and draws every picture."""
+    env = dict(os.environ, AA_DET_PICTURES_OUT=str(tmp_path / 'img'), AA_DET_PICTURES_WORK=str(tmp_path / 'work'))
+    subprocess.run(['bash', osp.join(ROOT, 'tools', 'make_pictures.sh')], cwd=ROOT, env=env, check=True)
+    for picture in PICTURES:
+        path = tmp_path / 'img' / picture
+        assert path.is_file(), path
+        assert path.stat().st_size > 0, path

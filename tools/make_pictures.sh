@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Regenerates the README's pictures (docs/img/*.png) with the repository's own tools:
+#   1. trains the demo detector (AA-ResNet-18, demo/detection_demo.py) and a GSA-ResNet-26 one on the
+#      same generated shapes and recipe (seed 0, 12 epochs each; about 2 + 5 minutes on 2 CPU cores),
+#   2. draws detections of the AA detector on four validation images (demo/vis_detections.py),
+#   3. draws per-head attention maps of one AA layer and one GSA layer (demo/vis_attention.py),
+#   4. plots the benchmark ratios to ResNet-50 quoted in docs/benchmarks.md (matplotlib).
+#
+#   bash tools/make_pictures.sh
+#
+# AA_DET_PICTURES_OUT (default docs/img) and AA_DET_PICTURES_WORK (default work_dirs/pictures) move
+# the outputs and the trainings; a finished training in the work dir is reused.
+# AA_DET_PICTURES_PYTHON runs that interpreter instead of setting up the environment.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+OUT=$(realpath -m "${AA_DET_PICTURES_OUT:-$ROOT/docs/img}")
+WORK=$(realpath -m "${AA_DET_PICTURES_WORK:-$ROOT/work_dirs/pictures}")
+if [[ -n "${AA_DET_PICTURES_PYTHON:-}" ]]; then
+    PY=$AA_DET_PICTURES_PYTHON
+else
+    bash "$ROOT/tools/env/setup_env.sh"
+    PY=$(realpath -m "${AA_DET_VENV:-$ROOT/.venv}")/bin/python
+fi
+mkdir -p "$OUT" "$WORK"
+DATA=$WORK/shapes
+AA_CFG=configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py
+GSA_CFG=$WORK/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py
+# the demo recipe with the GSA-ResNet-26 of benchmarks/position_extrapolation.py
+cat > "$GSA_CFG" <<EOF
+_base_ = '$ROOT/$AA_CFG'
+model = dict(
+    backbone=dict(_delete_=True, type='GSAResNet', depth=26, base_channels=16, attention=dict(num_heads=4),
+                  frozen_stages=-1, norm_cfg=dict(type='SyncBN', requires_grad=True), norm_eval=False,
+                  init_cfg=None),
+    neck=dict(in_channels=[64, 128, 256, 512]))
+EOF
+
+train() {  # config work_dir
+    if [[ ! -f "$2/epoch_12.pth" ]]; then
+        "$PY" demo/detection_demo.py --config "$1" --data-root "$DATA" --work-dir "$2" \
+            --cfg-options randomness.seed=0
+    fi
+}
+train "$AA_CFG" "$WORK/aa"
+train "$GSA_CFG" "$WORK/gsa"
+
+# detections: the AA detector on the first four validation images, tiled into one PNG
+rm -rf "$WORK/vis" && mkdir -p "$WORK/vis/images"
+for f in $(ls "$DATA/val" | sort | head -4); do cp "$DATA/val/$f" "$WORK/vis/images/"; done
+"$PY" demo/vis_detections.py "$AA_CFG" "$WORK/aa/epoch_12.pth" "$WORK/vis/images" --out-dir "$WORK/vis/out" \
+    --score-thr 0.3 --cfg-options test_dataloader.dataset.data_root="$DATA/"
+"$PY" - "$WORK/vis/out" "$OUT/detections.png" <<'EOF'
+import glob, os.path as osp, sys
+from PIL import Image
+tiles = [Image.open(p).convert('RGB') for p in sorted(glob.glob(osp.join(sys.argv[1], '*.png')))[:4]]
+w, h = max(t.width for t in tiles), max(t.height for t in tiles)
+sheet = Image.new('RGB', (len(tiles) * w + (len(tiles) - 1) * 4, h), 'white')
+for i, tile in enumerate(tiles):
+    sheet.paste(tile, (i * (w + 4), 0))
+sheet.save(sys.argv[2], optimize=True)
+EOF
+
+# attention maps: one AA layer (stage 3's first block) and one GSA layer (stage 2's second block),
+# three query pixels on a generated scene of 256 px (twice the training crops)
+"$PY" demo/vis_attention.py "$AA_CFG" "$WORK/aa/epoch_12.pth" --layer layer3.0.conv1 --size 256 \
+    --out "$OUT/attention_aa.png"
+"$PY" demo/vis_attention.py "$GSA_CFG" "$WORK/gsa/epoch_12.pth" --layer layer2.1.conv2 --size 256 \
+    --positions 0.3,0.3 0.5,0.5 --out "$OUT/attention_gsa.png"
+
+# benchmark ratios to ResNet-50: the figures of docs/benchmarks.md (CPU measurements)
+"$PY" - "$OUT/benchmark_ratios.png" <<'EOF'
+import sys
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+# (quantity, AA-ResNet-50, GSA-ResNet-50): ratios to ResNet-50, docs/benchmarks.md
+ROWS = [
+    ('train step, CPU\n(detection_speed.py)', 1.37, 1.34),
+    ('backbone fwd+bwd, CPU\n(detection_speed.py)', 1.92, 1.66),
+    ('inference 1333x800, CPU\n(detection_speed.py)', 1.75, 1.23),
+    ('kernel launches, CUDA path\n(op_counts.py)', 1.88, 2.38),
+    ('peak memory 1024x1024\n(op_counts.py)', 1.20, 1.62),
+]
+fig, ax = plt.subplots(figsize=(8, 3.6))
+x = range(len(ROWS))
+for offset, (name, column) in zip((-0.2, 0.2), (('AA-ResNet-50', 1), ('GSA-ResNet-50', 2))):
+    values = [row[column] for row in ROWS]
+    bars = ax.bar([i + offset for i in x], values, width=0.38, label=name)
+    ax.bar_label(bars, fmt='%.2fx', fontsize=7)
+ax.axhline(1.0, color='k', linewidth=0.8)
+ax.text(len(ROWS) - 0.5, 1.03, 'ResNet-50', ha='right', fontsize=7)
+ax.set_xticks(list(x), [row[0] for row in ROWS], fontsize=7)
+ax.set_ylabel('ratio to ResNet-50')
+ax.set_ylim(0, 2.7)
+ax.set_title('Cost vs ResNet-50, measured on 2 CPU cores (GPU speed not measured)', fontsize=9)
+ax.legend(fontsize=8, loc='upper left')
+fig.tight_layout()
+fig.savefig(sys.argv[1], dpi=90)
+EOF
+ls -l "$OUT"/detections.png "$OUT"/attention_aa.png "$OUT"/attention_gsa.png "$OUT"/benchmark_ratios.png

@@ -249,7 +249,7 @@ def main():
                         help='also print the bytes saved for the backward, by module kind (SavedForBackward)')
     parser.add_argument('--norm-eval', action='store_true',
                         help="BatchNorm frozen in eval mode (mmdet's ResNet default, for pretrained backbones; "
-                             "how the counts before 2026-11-24's fifth session were taken); default: BatchNorm "
+                             "how the counts before 2026-11-24 were taken); default: BatchNorm "
                              "trains, as in the from-scratch recipe (norm_eval=False)")
     parser.add_argument('--with-cp', action='store_true',
                         help="mmdet's with_cp: each residual block recomputes its forward in the backward "

@@ -1,5 +1,6 @@
-"""Classification demo: generate shapes in the ImageNet folder layout, pretrain a narrow
-AA-ResNet-18 from scratch, report top-1 (configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py).
+"""Classification demo: generate shapes in mmpretrain's folder layout, pretrain a narrow
+AA-ResNet-18 from scratch with mmpretrain's classifier, report top-1
+(configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py).
 
     .venv/bin/python demo/classification_demo.py [--work-dir DIR] [--cfg-options k=v ...]
 
@@ -30,17 +31,15 @@ def main():
     parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs/demo_shapes_cls'))
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args()
-    paths = generate_shapes_folder(args.data_root)
-    options = {'train_dataloader.dataset.data_root': paths['train'],
-               'val_dataloader.dataset.data_root': paths['val'],
-               'test_dataloader.dataset.data_root': paths['val'],
-               'train_cfg.val_interval': 10 ** 6}
+    generate_shapes_folder(args.data_root)  # DATA_ROOT/{train,val}/<class>/*.png
+    options = {f'{split}_dataloader.dataset.data_root': args.data_root for split in ('train', 'val', 'test')}
+    options['train_cfg.val_interval'] = 10 ** 6
     options.update(args.cfg_options or {})
     runner = build_runner(load_config(args.config, work_dir=args.work_dir, cfg_options=options))
     runner.train()
     metrics = runner.test()
     print(f'\nClassification demo: top-1 = {metrics["accuracy/top1"]:.1f}% '
-          f'(chance {100 / len(runner.test_dataloader.dataset.classes):.1f}%), checkpoints in {args.work_dir}')
+          f'(chance {100 / len(runner.test_dataloader.dataset.metainfo["classes"]):.1f}%), checkpoints in {args.work_dir}')
 
 
 if __name__ == '__main__':

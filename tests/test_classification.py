@@ -1,17 +1,20 @@
-"""The ImageNet classification path and the handoff of its checkpoints to detection."""
+"""The classification path on mmpretrain (its ImageClassifier, datasets, pipeline and Accuracy with
+our backbones), its data checks, and the handoff of its checkpoints to detection."""
 import glob
 import os.path as osp
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from mmengine.config import Config
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
-from aa_det.datasets import ImageNetFolder, generate_shapes_folder
+from aa_det.datasets import check_classification_data, generate_shapes_folder
 from aa_det.engine import ConfigError, build_runner, load_config
-from aa_det.evaluation import TopKAccuracy
 
+from demo_config import demo_options
 from tool_output import own_stderr
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -21,129 +24,197 @@ DET_PRETRAINED = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-shapes-cls-p
 
 @pytest.fixture(scope='module')
 def shapes(tmp_path_factory):
-    return generate_shapes_folder(str(tmp_path_factory.mktemp('cls')), num_per_class=8,
-                                  num_val_per_class=4, image_size=48)
+    root = str(tmp_path_factory.mktemp('cls'))
+    generate_shapes_folder(root, num_per_class=8, num_val_per_class=4, image_size=48)
+    return root
 
 
-def _options(paths, **extra):
-    options = {'train_dataloader.dataset.data_root': paths['train'],
-               'val_dataloader.dataset.data_root': paths['val'],
-               'test_dataloader.dataset.data_root': paths['val']}
+def _options(root, **extra):
+    """``--cfg-options`` pointing the demo at ``root/{train,val}``, without DataLoader workers."""
+    options = {}
     for split in ('train', 'val', 'test'):
-        options.update({f'{split}_dataloader.num_workers': 0, f'{split}_dataloader.persistent_workers': False})
+        options.update({f'{split}_dataloader.dataset.data_root': root, f'{split}_dataloader.num_workers': 0,
+                        f'{split}_dataloader.persistent_workers': False})
     options.update(extra)
     return options
 
 
-def test_classifier_checkpoint_loads_into_detector_backbone(shapes, tmp_path):
-    """Pretrain (1 epoch, real Runner), then the demo detector's pretrained config loads it whole."""
-    runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(
-        shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8})))
-    runner.train()
-    ckpt = str(tmp_path / 'epoch_1.pth')
-    assert 'accuracy/top1' in runner.test()
+def _mmpretrain_tool(name):
+    """A tool mmpretrain's wheel ships (what ``mim train mmpretrain`` / ``mim test`` run)."""
+    import mmpretrain
+    return osp.join(osp.dirname(mmpretrain.__file__), '.mim', 'tools', name)
 
-    from mmdet.registry import MODELS
+
+def _build_classifier(cfg):
     from mmengine.registry import init_default_scope
-    det_cfg = load_config(DET_PRETRAINED, cfg_options={'model.backbone.init_cfg.checkpoint': ckpt})
-    init_default_scope('mmdet')
-    detector = MODELS.build(det_cfg.model)
-    pretrained = _load_checkpoint_with_prefix('backbone.', ckpt, map_location='cpu')
-    own = detector.backbone.state_dict()
-    assert set(pretrained) == set(own), (set(pretrained) ^ set(own))  # no missing / unexpected keys
-    detector.init_weights()
+    from mmpretrain.registry import MODELS
+    init_default_scope(cfg.default_scope)
+    return MODELS.build(cfg.model)
+
+
+def test_configs_are_mmpretrain_configs_with_our_backbones():
+    """Package-scope bases resolve, mmpretrain's scope, aa_det imported by the config itself."""
+    text = Config.fromfile(DEMO, import_custom_modules=False)
+    assert text.default_scope == 'mmpretrain' and text.custom_imports.imports == ['aa_det']
+    assert text.model.type == 'ImageClassifier' and text.model.backbone.type == 'mmdet.AAResNet'
+    for path in glob.glob(osp.join(ROOT, 'configs/imagenet/*.py')) + glob.glob(osp.join(ROOT, 'configs/cifar/*.py')):
+        with open(path) as f:
+            source = f.read()
+        assert 'mmpretrain::_base_/' in source or "_base_ = './" in source, path
+
+
+@pytest.fixture(scope='module')
+def mmpretrain_ckpt(shapes, tmp_path_factory):
+    """One iteration (8 images) and a validation (4 images) with mmpretrain's own tools/train.py,
+    which builds the Runner with ``Runner.from_cfg``; its checkpoint."""
+    work = tmp_path_factory.mktemp('mmpretrain_train')
+    options = _options(shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8,
+                                  'train_dataloader.dataset.indices': 8, 'val_dataloader.dataset.indices': 4})
+    out = subprocess.run([sys.executable, _mmpretrain_tool('train.py'), DEMO, '--work-dir', str(work),
+                          '--no-persistent-workers', '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'Epoch(val) [1][1/1]    accuracy/top1: ' in out.stdout + out.stderr
+    return work / 'epoch_1.pth'
+
+
+def test_mmpretrain_train_script_checkpoint_initialises_the_detector(mmpretrain_ckpt, tiny_shapes):
+    """The demo detector's pretrained config, through the tools' build_runner, loads every
+    ``backbone.*`` key and value of the checkpoint mmpretrain's train script wrote, none missing
+    or unexpected."""
+    state = torch.load(mmpretrain_ckpt, map_location='cpu', weights_only=False)
+    assert {'backbone', 'head'} == {k.split('.')[0] for k in state['state_dict']}
+    assert state['meta']['dataset_meta']['classes'] == ('circle', 'square', 'triangle')
+    runner = build_runner(load_config(DET_PRETRAINED, cfg_options=demo_options(tiny_shapes, **{
+        'model.backbone.init_cfg.checkpoint': str(mmpretrain_ckpt)})))
+    detector = runner.model
+    pretrained = _load_checkpoint_with_prefix('backbone.', str(mmpretrain_ckpt), map_location='cpu')
+    assert set(pretrained) == set(detector.backbone.state_dict())  # no missing / unexpected keys
+    detector.init_weights()  # what Runner.train does first
     own = detector.backbone.state_dict()  # after loading (the offset records are made afresh)
     for key, value in pretrained.items():
         torch.testing.assert_close(own[key], value, msg=key)
 
 
-def test_topk_accuracy():
-    metric = TopKAccuracy(topk=(1, 2))
-    scores = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.2, 0.3, 0.5]])
-    metric.process(None, [dict(pred_score=s, gt_label=torch.tensor(l)) for s, l in zip(scores, [1, 2, 0])])
-    assert metric.compute_metrics(metric.results) == {'top1': pytest.approx(100 / 3), 'top2': pytest.approx(200 / 3)}
+def test_our_train_tool_path_trains_and_tests_with_mmpretrains_metric(shapes, tmp_path):
+    """The same config through aa_det's build_runner (tools/train.py): mmpretrain's dataset,
+    pipeline, classifier and Accuracy; its checkpoint is the same ``backbone.*`` layout."""
+    runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
+        'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8, 'train_dataloader.dataset.indices': 8,
+        'test_dataloader.dataset.indices': 4})))
+    runner.train()
+    assert runner.iter == 1 and set(runner.test()) == {'accuracy/top1'}
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    detector_backbone = MODELS.build(load_config(DET_PRETRAINED).model).backbone
+    ckpt = _load_checkpoint_with_prefix('backbone.', str(tmp_path / 'epoch_1.pth'), map_location='cpu')
+    assert set(ckpt) == set(detector_backbone.state_dict())
 
 
-def test_dataset_layouts_and_errors(shapes, tmp_path):
-    ds = ImageNetFolder(shapes['train'], crop_size=32)
-    assert ds.classes == ['circle', 'square', 'triangle'] and len(ds) == 24
-    item = ds[0]
-    assert item['inputs'].shape == (3, 32, 32) and item['inputs'].dtype == torch.uint8
-    # flat layout with a label file
-    (tmp_path / 'labels.txt').write_text(f'{shapes["val"]}/circle/00000.png 0\n{shapes["val"]}/square/00000.png 1\n')
-    flat = ImageNetFolder('/', ann_file=str(tmp_path / 'labels.txt'), num_classes=3, train=False, crop_size=32,
-                          resize_size=32)
-    assert [label for _, label in flat.samples] == [0, 1]
-    (tmp_path / 'bad_labels.txt').write_text('a.png 7\n')
-    with pytest.raises(ValueError, match=r'bad_labels.txt:1: label 7 outside \[0, 3\)'):
-        ImageNetFolder(str(tmp_path), ann_file='bad_labels.txt', num_classes=3)
-    empty = tmp_path / 'empty_root'
-    (empty / 'cat').mkdir(parents=True)
-    with pytest.raises(ConfigError, match='class folder has no images: .*cat'):
-        ImageNetFolder(str(empty))
-    (tmp_path / 'no_lines.txt').write_text('\n')
-    with pytest.raises(ConfigError, match=r'ann_file has no "<image> <label>" lines: .*no_lines.txt$'):
-        ImageNetFolder(str(tmp_path), ann_file='no_lines.txt')
-    # a listed image the disk lacks: found when the dataset is built, not when the first
-    # validation decodes it an epoch in
-    (tmp_path / 'one_missing.txt').write_text(f'{shapes["val"]}/circle/00000.png 0\n{shapes["val"]}/circle/x.png 0\n')
-    with pytest.raises(ConfigError, match=r'1 of 2 images listed in .*one_missing.txt are missing, first: .*circle/x.png$'):
-        ImageNetFolder('/', ann_file=str(tmp_path / 'one_missing.txt'))
-    corrupt = tmp_path / 'corrupt' / 'dog'
-    corrupt.mkdir(parents=True)
-    (corrupt / 'x.png').write_bytes(b'not an image')
-    with pytest.raises(OSError, match='cannot decode image .*x.png'):
-        ImageNetFolder(str(tmp_path / 'corrupt'))[0]
+def test_wide_resnet_learns_in_mmpretrains_classifier():
+    """The CIFAR config's backbone (ours, narrowed) under mmpretrain's neck, head and loss: a few SGD
+    steps on one fixed batch lower its loss."""
+    from mmpretrain.structures import DataSample
+    cfg = load_config(osp.join(ROOT, 'configs/cifar/aa-wrn28-10_8xb32-500e_cifar100.py'), cfg_options={
+        'model.backbone.depth': 10, 'model.backbone.widen_factor': 1, 'model.head.in_channels': 64,
+        'model.backbone.attention': dict(num_heads=2, min_key_dim_per_head=4)})
+    torch.manual_seed(0)
+    model = _build_classifier(cfg)
+    data = dict(inputs=[torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8) for _ in range(4)],
+                data_samples=[DataSample().set_gt_label(i) for i in range(4)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(5):
+        batch = model.data_preprocessor(data, training=True)
+        loss = model(**batch, mode='loss')['loss']
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0], losses
+
+
+def _cfg(root, **extra):
+    return load_config(DEMO, cfg_options=_options(root, **extra))
 
 
 def test_class_folders_that_differ_between_splits_or_from_num_classes(shapes, tmp_path):
-    """The folder layout labels classes by their sorted folder names: a class folder missing from
-    val shifted every later label there (accuracy silently wrong); ``num_classes`` below the
-    folders' count failed in the loss mid-epoch. Both are one line before the Runner is built."""
-    import shutil
-    val = tmp_path / 'val'
-    shutil.copytree(shapes['val'], val)
-    shutil.rmtree(val / 'circle')
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
-        'val_dataloader.dataset.data_root': str(val)}))
-    with pytest.raises(ConfigError, match=rf'^val_dataloader.dataset.data_root={val} has other class folders than '
-                                          rf'train_dataloader.dataset.data_root={shapes["train"]} \(2 vs 3; only in '
-                                          r"one: circle\): the labels are the folders' sorted order$"):
-        build_runner(cfg)
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{'model.num_classes': 2}))
-    with pytest.raises(ConfigError, match=rf'^model.num_classes=2 but train_dataloader.dataset.data_root='
-                                          rf'{shapes["train"]} has 3 class folders$'):
-        build_runner(cfg)
+    """Labels are the sorted folder names: a class folder missing from val shifted every later
+    label there (accuracy silently wrong); ``num_classes`` below the folders' count failed in the
+    loss mid-epoch. Both are one line before the Runner is built."""
+    root = tmp_path / 'data'
+    shutil.copytree(shapes, root)
+    shutil.rmtree(root / 'val' / 'circle')
+    with pytest.raises(ConfigError, match=rf'^val_dataloader.dataset: {root}/val has other class folders than '
+                                          rf'train_dataloader.dataset: {root}/train \(2 vs 3; only in one: circle\): '
+                                          r"the labels are the folders' sorted order$"):
+        build_runner(_cfg(str(root)))
+    with pytest.raises(ConfigError, match=rf'^model.head.num_classes=2 but train_dataloader.dataset: '
+                                          rf'{shapes}/train has 3 class folders$'):
+        build_runner(_cfg(shapes, **{'model.head.num_classes': 2}))
+    (root / 'val' / 'circle').mkdir()  # back, but empty: mmpretrain only warns, and it keeps its label
+    with pytest.raises(ConfigError, match=rf'^val_dataloader.dataset: class folder has no images .*: '
+                                          rf'{root}/val/circle$'):
+        check_classification_data(_cfg(str(root)))
+    with pytest.raises(ConfigError, match=rf'^train_dataloader.dataset: {root}/train has 3 class folders but '
+                                          r'ImageNet \(its own classes\) names 1000 classes$'):
+        check_classification_data(_cfg(str(root), **{'train_dataloader.dataset.type': 'ImageNet'}), ('train',))
 
 
-def test_class_folders_of_an_imagenet_folder_subclass_are_checked(shapes, tmp_path):
-    """A user's registered subclass of ``ImageNetFolder`` labels its folders the same way."""
-    import shutil
-    from mmdet.registry import DATASETS
+def test_annotation_file_layout(shapes, tmp_path):
+    """mmpretrain's ``<image> <label>`` files: labels against the head, missing images counted."""
+    ann = tmp_path / 'val.txt'
+    ann.write_text('circle/00000.png 0\nsquare/00000.png 1\n')
+    val = {'val_dataloader.dataset.ann_file': str(ann), 'val_dataloader.dataset.data_prefix': 'val'}
+    check_classification_data(_cfg(shapes, **val), ('val',))
+    ann.write_text('circle/00000.png 0\ncircle/x.png 0\nsquare/y.png 1\n')
+    with pytest.raises(ConfigError, match=rf'^val_dataloader.dataset: 2 of 3 images listed in {ann} are missing, '
+                                          rf'first: {shapes}/val/circle/x.png$'):
+        check_classification_data(_cfg(shapes, **val), ('val',))
+    ann.write_text('circle/00000.png 7\n')
+    with pytest.raises(ConfigError, match=r'val.txt:1: label 7 is outside \[0, model.head.num_classes=3\)$'):
+        check_classification_data(_cfg(shapes, **val), ('val',))
+    ann.write_text('circle/00000.png\n')
+    with pytest.raises(ConfigError, match=r'val.txt:1: expected "<image> <label>", got \'circle/00000.png\'$'):
+        check_classification_data(_cfg(shapes, **val), ('val',))
+    ann.write_text('')
+    with pytest.raises(ConfigError, match=r'ann_file has no "<image> <label>" lines: .*val.txt$'):
+        check_classification_data(_cfg(shapes, **val), ('val',))
 
-    @DATASETS.register_module(force=True)
-    class SubclassedFolder(ImageNetFolder):
-        pass
 
-    val = tmp_path / 'val'
-    shutil.copytree(shapes['val'], val)
-    shutil.rmtree(val / 'square')
-    cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
-        'val_dataloader.dataset.data_root': str(val), 'val_dataloader.dataset.type': 'SubclassedFolder'}))
-    with pytest.raises(ConfigError, match=r'^val_dataloader.dataset.data_root=.* \(2 vs 3; only in one: square\)'):
-        build_runner(cfg)
+def test_imagenet_split_layout_and_cifar_folder(tmp_path):
+    """``ImageNet(split='val')`` reads ``data_root/meta/val.txt`` when it exists; CIFAR without
+    download names the folder it lacks."""
+    from mmpretrain.datasets import ImageNet
+    (tmp_path / 'meta').mkdir()
+    (tmp_path / 'val').mkdir()
+    (tmp_path / 'meta' / 'val.txt').write_text('ILSVRC2012_val_00000001.JPEG 65\n')
+    cfg = load_config(osp.join(ROOT, 'configs/imagenet/resnet50_8xb32-100e_in1k.py'),
+                      cfg_options={'val_dataloader.dataset.data_root': str(tmp_path)})
+    with pytest.raises(ConfigError, match=rf'1 of 1 images listed in {tmp_path}/meta/val.txt are missing, '
+                                          rf'first: {tmp_path}/val/ILSVRC2012_val_00000001.JPEG$'):
+        check_classification_data(cfg, ('val',))
+    (tmp_path / 'val' / 'ILSVRC2012_val_00000001.JPEG').write_bytes(b'')
+    check_classification_data(cfg, ('val',))
+    assert len(ImageNet(data_root=str(tmp_path), split='val')) == 1  # as mmpretrain reads it
+    cfg = load_config(osp.join(ROOT, 'configs/cifar/wrn28-10_8xb128-500e_cifar100.py'),
+                      cfg_options={'train_dataloader.dataset.data_root': str(tmp_path / 'nowhere')})
+    with pytest.raises(ConfigError, match=r'^train_dataloader.dataset: no CIFAR100 at .*nowhere/cifar-100-python '):
+        check_classification_data(cfg, ('train',))
 
 
-def test_train_tool_names_a_missing_data_root_in_one_line(shapes, tmp_path):
-    """The dataset's errors are ConfigErrors: ``tools/train.py`` prints one ``aa_det:`` line
-    (it printed a traceback)."""
+def test_train_tool_names_a_missing_image_folder_in_one_line(shapes, tmp_path):
+    """``tools/train.py`` prints one ``aa_det:`` line (mmpretrain's dataset: a traceback)."""
     missing = tmp_path / 'nowhere'
     options = _options(shapes, **{'train_dataloader.dataset.data_root': str(missing)})
     out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', str(tmp_path / 'w'),
                           '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
-    assert own_stderr(out.stderr).strip().splitlines()[-1] == f'aa_det: ImageNetFolder: data_root is not a folder: {missing}'
+    assert own_stderr(out.stderr).strip().splitlines()[-1] == (
+        f"aa_det: train_dataloader.dataset: image folder not found: {missing}/train (data_root='{missing}', "
+        "data_prefix='train')")
     assert 'Traceback' not in out.stderr
 
 
@@ -162,62 +233,35 @@ IMAGENET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/imagenet/*_in1k.py')
 
 @pytest.mark.parametrize('path', IMAGENET_CONFIGS, ids=osp.basename)
 def test_imagenet_configs_build_with_the_papers_schedules(path):
-    """Each ImageNet config builds its classifier and carries its paper's recipe."""
-    from mmdet.registry import MODELS
-    from mmengine.registry import init_default_scope
+    """Each ImageNet config builds mmpretrain's classifier on our backbone and carries its paper's recipe."""
     cfg = load_config(path)
-    init_default_scope(cfg.default_scope)
-    model = MODELS.build(cfg.model)
-    assert model.head.out_features == 1000
+    model = _build_classifier(cfg)
+    assert model.head.fc.out_features == 1000 and model.head.fc.in_features == model.backbone.feat_dim
+    assert cfg.train_dataloader.dataset.type == 'ImageNet' and cfg.val_evaluator.topk == (1, 5)
     optimizer, schedulers = cfg.optim_wrapper.optimizer, cfg.param_scheduler
     assert optimizer.type == 'SGD' and optimizer.momentum == 0.9 and optimizer.weight_decay == 1e-4
     if '16xb128-90e' in osp.basename(path):  # GSA Sec. 4
         assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (90, 0.1, 2048)
-        assert schedulers[0].type == 'CosineAnnealingLR' and cfg.model.label_smoothing == 0.1
+        assert cfg.train_dataloader.batch_size == 128 and not optimizer.nesterov
+        assert [s.type for s in schedulers] == ['CosineAnnealingLR'] and schedulers[0].T_max == 90
+        assert cfg.model.head.loss == dict(type='LabelSmoothLoss', label_smooth_val=0.1, loss_weight=1.0)
     else:  # AA appendix A.1
         assert (cfg.train_cfg.max_epochs, optimizer.lr, cfg.auto_scale_lr.base_batch_size) == (100, 0.128, 256)
+        assert cfg.train_dataloader.batch_size == 32
         assert schedulers[0].end == 5 and schedulers[1].milestones == [30, 60, 80, 90]
-
-
-def test_classifier_predicts_without_labels_and_rejects_a_headless_trunk():
-    from aa_det.models.classifiers import ImageClassifier
-    model = ImageClassifier(dict(type='ResNet', depth=18), num_classes=5).eval()
-    preds = model(torch.rand(2, 3, 64, 64), mode='predict')
-    assert len(preds) == 2 and preds[0]['pred_score'].shape == (5,)
-    with pytest.raises(ValueError, match=r'out_indices=\(1,\)'):
-        ImageClassifier(dict(type='ResNet', depth=18, out_indices=(1,)))
+        assert cfg.model.head.loss.type == 'CrossEntropyLoss'
 
 
 @pytest.mark.parametrize('name, batch, lr, wd', [('wrn28-10_8xb128-500e_cifar100.py', 1024, 0.8, 2e-4),
                                                  ('aa-wrn28-10_8xb32-500e_cifar100.py', 256, 0.2, 5e-4)])
 def test_cifar_configs_follow_aa_appendix(name, batch, lr, wd):
     """AA appendix A.1: 500 epochs, lr 0.2 * B / 256 after a 5% linear warm-up, then cosine."""
-    from mmdet.registry import MODELS
-    from mmengine.registry import init_default_scope
     cfg = load_config(osp.join(ROOT, 'configs/cifar', name))
-    init_default_scope(cfg.default_scope)
-    model = MODELS.build(cfg.model)
-    assert model.head.out_features == 100 and model.backbone.feat_dim == 640
+    model = _build_classifier(cfg)
+    assert model.head.fc.out_features == 100 and model.backbone.feat_dim == model.head.fc.in_features == 640
+    assert cfg.train_dataloader.dataset.type == 'CIFAR100' and not cfg.train_dataloader.dataset.download
     assert cfg.auto_scale_lr.base_batch_size == 8 * cfg.train_dataloader.batch_size == batch
     assert cfg.optim_wrapper.optimizer.lr == pytest.approx(0.2 * batch / 256)
     assert (cfg.optim_wrapper.optimizer.lr, cfg.optim_wrapper.optimizer.weight_decay) == (lr, wd)
     warmup, cosine = cfg.param_scheduler
     assert warmup.end == cosine.begin == 25 and cosine.end == cfg.train_cfg.max_epochs == 500
-
-
-def test_cifar_dataset_missing_names_the_folder(tmp_path):
-    from aa_det.datasets import CIFAR100Dataset
-    with pytest.raises(FileNotFoundError, match='no CIFAR-100 at .*nowhere/cifar-100-python'):
-        CIFAR100Dataset(str(tmp_path / 'nowhere'))
-
-
-def test_wide_resnet_classifier_trains_with_the_runner(shapes, tmp_path):
-    """The CIFAR backbone through ImageClassifier and mmengine's Runner (shapes data at 32x32)."""
-    backbone = dict(_delete_=True, type='WideResNet', depth=10, widen_factor=1, num_stages=3,
-                    attention=dict(num_heads=2, min_key_dim_per_head=4))
-    runner = build_runner(load_config(DEMO, work_dir=str(tmp_path), cfg_options=_options(shapes, **{
-        'model.backbone': backbone, 'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8,
-        'train_dataloader.dataset.crop_size': 32, 'val_dataloader.dataset.crop_size': 32,
-        'test_dataloader.dataset.crop_size': 32})))
-    runner.train()
-    assert runner.iter == 3 and 'accuracy/top1' in runner.test()

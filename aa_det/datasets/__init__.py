@@ -1,9 +1,9 @@
-"""Datasets: the generated shapes (detection and classification), ImageNet folders, CIFAR-100, and
-mmdet's CocoDataset with its checks (CheckedCocoDataset)."""
+"""Datasets: the generated shapes (detection and classification), mmdet's CocoDataset with its checks
+(CheckedCocoDataset), and the checks of mmpretrain's classification datasets
+(check_classification_data)."""
 from .checked_coco import CheckedCocoDataset
-from .cifar import CIFAR100Dataset
-from .imagenet import ImageNetFolder, build_transform
+from .classification_checks import check_classification_data
 from .synthetic_shapes import CLASSES, generate_shapes_coco, generate_shapes_folder, generate_shapes_split
 
-__all__ = ['CIFAR100Dataset', 'CLASSES', 'CheckedCocoDataset', 'ImageNetFolder', 'build_transform', 'generate_shapes_coco',
+__all__ = ['CLASSES', 'CheckedCocoDataset', 'check_classification_data', 'generate_shapes_coco',
            'generate_shapes_folder', 'generate_shapes_split']

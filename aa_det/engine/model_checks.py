@@ -17,8 +17,10 @@ settings, its classes against the data, and its parts against each other.
 * ``num_classes`` of ``model.bbox_head`` / ``model.roi_head.bbox_head`` /
   ``model.roi_head.mask_head`` (each also a list, as in cascades; class-agnostic mask
   heads aside) other than the number of those classes;
-* folder-layout ``ImageNetFolder`` splits with different class folders (the labels are
-  their sorted order), or a number of them other than a classifier's ``model.num_classes``.
+* mmpretrain classification datasets (``CustomDataset``, ``ImageNet``, CIFAR): splits with different
+  class folders (the labels are their sorted order), a number of them other than the classifier's
+  ``model.head.num_classes``, annotation files and the images they list
+  (:mod:`aa_det.datasets.classification_checks`).
 
 The ``categories`` of an annotation file are read without parsing the file: they
 are found from its end (where COCO files keep them) in a memory map, then a bounded
@@ -144,34 +146,11 @@ def check_classes(cfg: Config, splits=('train', 'val', 'test')):
 
 
 def check_class_folders(cfg: Config, splits=('train', 'val', 'test')):
-    """Every folder-layout ``ImageNetFolder`` of ``splits`` has the same class folders (its
-    labels are their sorted order: one missing in one split shifts the labels after it), and
-    as many as the classifier's ``model.num_classes``."""
-    from ..datasets import ImageNetFolder  # aa_det.datasets imports this package
-    layouts = []
-    for split in splits:
-        loader = cfg.get(f'{split}_dataloader')
-        if not loader or 'dataset' not in loader:
-            continue
-        for dataset, path in _leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
-            root = dataset.get('data_root')
-            dataset_type = DATASETS.get(dataset.get('type')) if isinstance(dataset.get('type'), str) \
-                else dataset.get('type')
-            if not (isinstance(dataset_type, type) and issubclass(dataset_type, ImageNetFolder)) \
-                    or dataset.get('ann_file') \
-                    or not isinstance(root, str) or not osp.isdir(root):
-                continue  # the label-file layout checks its labels; a missing folder is the dataset's error
-            layouts.append((f'{path}.data_root', root, sorted(d.name for d in os.scandir(root) if d.is_dir())))
-    first_key, first_root, first = layouts[0] if layouts else (None, None, None)
-    for key, root, classes in layouts[1:]:
-        if classes != first:
-            differ = sorted(set(classes) ^ set(first))
-            raise ConfigError(f'{key}={root} has other class folders than {first_key}={first_root} '
-                              f'({len(classes)} vs {len(first)}; only in one: {", ".join(differ[:5])}'
-                              f'{", ..." if len(differ) > 5 else ""}): the labels are the folders\' sorted order')
-    num_classes = cfg.model.get('num_classes')
-    if layouts and isinstance(num_classes, int) and num_classes != len(first):
-        raise ConfigError(f'model.num_classes={num_classes} but {first_key}={first_root} has {len(first)} class folders')
+    """The mmpretrain classification datasets of ``splits``: image folders, class folders against
+    each other and ``model.head.num_classes``, annotation files and the images they list
+    (:func:`aa_det.datasets.check_classification_data`)."""
+    from ..datasets import check_classification_data  # aa_det.datasets imports this package
+    check_classification_data(cfg, splits)
 
 
 def check_frozen_stages(backbone_cfg: dict):

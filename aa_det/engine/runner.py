@@ -179,7 +179,8 @@ def check_datasets(cfg: Config, splits=('train', 'val', 'test')):
                 check_coco_annotation(ann_path)
             elif not osp.exists(ann_path):
                 raise ConfigError(f'{name}.dataset.ann_file not found: {ann_path}')
-        img_dir = (dataset.get('data_prefix') or {}).get('img')
+        prefix = dataset.get('data_prefix')  # mmdet's dict(img=...); mmpretrain's str: its checks
+        img_dir = prefix.get('img') if isinstance(prefix, dict) else None
         if img_dir is not None and not osp.isdir(osp.join(root, img_dir)):
             raise ConfigError(f'{name}.dataset image folder not found: {osp.join(root, img_dir)}')
 

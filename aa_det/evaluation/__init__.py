@@ -1,5 +1,4 @@
-"""Evaluation metrics registered in mmdet's METRICS."""
-from .accuracy import TopKAccuracy
+"""Evaluation metrics registered in mmdet's METRICS (classification uses mmpretrain's Accuracy)."""
 from .coco_metric import LenientCocoMetric
 
-__all__ = ['LenientCocoMetric', 'TopKAccuracy']
+__all__ = ['LenientCocoMetric']

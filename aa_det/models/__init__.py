@@ -1,3 +1,2 @@
 from .backbones import *  # noqa: F401,F403  registers AAResNet, GSAResNet, WideResNet in mmdet's MODELS
-from .classifiers import *  # noqa: F401,F403  registers ImageClassifier
 from .layers import *  # noqa: F401,F403  registers AAConv, GSA as conv layers

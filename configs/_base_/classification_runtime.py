@@ -1,15 +1,11 @@
-default_scope = 'mmdet'
+# mmpretrain's runtime (default_scope='mmpretrain'), plus the import that registers AAResNet /
+# GSAResNet / WideResNet (in mmdet's registry: configs name them 'mmdet.AAResNet', ...) for any
+# entry point, mmpretrain's own tools/train.py included.
+_base_ = 'mmpretrain::_base_/default_runtime.py'
 custom_imports = dict(imports=['aa_det'], allow_failed_imports=False)
 default_hooks = dict(
-    timer=dict(type='IterTimerHook'),
-    logger=dict(type='LoggerHook', interval=100),
-    param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=3, save_last=True),
-    sampler_seed=dict(type='DistSamplerSeedHook'),
-    check_loss=dict(type='StopOnNonFiniteLoss', interval=1))  # stops on a NaN / inf loss
-env_cfg = dict(cudnn_benchmark=True, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-               dist_cfg=dict(backend='nccl'))
-log_processor = dict(window_size=50, by_epoch=True)
-log_level = 'INFO'
-load_from = None
-resume = False
+    checkpoint=dict(max_keep_ckpts=3, save_last=True),  # 100-500 epochs: keep the newest three
+    # mmdet's CheckInvalidLossHook at every iteration, stopping with one clear line
+    check_loss=dict(type='mmdet.StopOnNonFiniteLoss', interval=1))
+env_cfg = dict(cudnn_benchmark=True)
+log_processor = dict(by_epoch=True)

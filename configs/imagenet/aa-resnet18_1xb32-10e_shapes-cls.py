@@ -1,28 +1,42 @@
 # Classification demo on generated shapes (aa_det.datasets.generate_shapes_folder writes
-# data/shapes_cls/): a narrow AA-ResNet-18 from scratch, under a minute on 2 CPU cores. Its
-# backbone is the detection demo's, so its checkpoint initialises
-# configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py.
-_base_ = ['../_base_/models/classifier_r50.py', '../_base_/classification_runtime.py']
-data_root = 'data/shapes_cls/'
+# data/shapes_cls/{train,val}/<class>/*.png, mmpretrain's folder layout): a narrow AA-ResNet-18 from
+# scratch, under a minute on 2 CPU cores. Its backbone is the detection demo's, so its checkpoint
+# initialises configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py.
+_base_ = ['mmpretrain::_base_/models/resnet18.py', '../_base_/classification_runtime.py']
 model = dict(
-    num_classes=3,
-    backbone=dict(_delete_=True, type='AAResNet', depth=18, base_channels=32,
-                  norm_cfg=dict(type='SyncBN', requires_grad=True), norm_eval=False, init_cfg=None,
-                  attention=dict(num_heads=4, min_key_dim_per_head=8)))
-dataset = dict(type='ImageNetFolder', crop_size=64, resize_size=64, crop_scale=(0.5, 1.0))
+    backbone=dict(_delete_=True, type='mmdet.AAResNet', depth=18, base_channels=32, out_indices=(3,),
+                  norm_cfg=dict(type='SyncBN', requires_grad=True), norm_eval=False,
+                  attention=dict(num_heads=4, min_key_dim_per_head=8)),
+    head=dict(num_classes=3, in_channels=256, topk=(1,)))
+data_preprocessor = dict(num_classes=3, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], to_rgb=True)
+data_root = 'data/shapes_cls/'
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='RandomResizedCrop', scale=64, crop_ratio_range=(0.5, 1.0)),
+    dict(type='RandomFlip', prob=0.5, direction='horizontal'),
+    dict(type='PackInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='ResizeEdge', scale=64, edge='short'),
+    dict(type='CenterCrop', crop_size=64),
+    dict(type='PackInputs'),
+]
 train_dataloader = dict(batch_size=32, num_workers=1, persistent_workers=True,
                         sampler=dict(type='DefaultSampler', shuffle=True),
-                        dataset=dict(dataset, data_root=data_root + 'train', train=True))
+                        dataset=dict(type='CustomDataset', data_root=data_root, data_prefix='train',
+                                     pipeline=train_pipeline))
 val_dataloader = dict(batch_size=64, num_workers=1, persistent_workers=True,
                       sampler=dict(type='DefaultSampler', shuffle=False),
-                      dataset=dict(dataset, data_root=data_root + 'val', train=False))
+                      dataset=dict(type='CustomDataset', data_root=data_root, data_prefix='val',
+                                   pipeline=test_pipeline))
 test_dataloader = val_dataloader
-val_evaluator = dict(type='TopKAccuracy', topk=(1,))
+val_evaluator = dict(type='Accuracy', topk=(1,))
 test_evaluator = val_evaluator
 max_epochs = 10
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
+train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
+val_cfg = dict()
+test_cfg = dict()
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4),
                      clip_grad=dict(max_norm=10))
 param_scheduler = [

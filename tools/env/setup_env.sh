@@ -259,10 +259,12 @@ if ! have_wheel; then
 fi
 
 # ---- 5. the rest, and the stamp -----------------------------------------------------------------
-say "installing mmcv (cached wheel, $FLAVOR), mmengine, mmdet, pycocotools and aa_det"
+say "installing mmcv (cached wheel, $FLAVOR), mmengine, mmdet, mmpretrain (with model-index), pycocotools and aa_det"
 # --force-reinstall: pip keeps an installed mmcv of the same version, even of another flavour
 "${PIP[@]}" install "${PIN[@]}" --force-reinstall --no-deps "$WHEELS"/mmcv-*.whl
+# requirements/runtime.txt brings mmpretrain and model-index: mmpretrain declares `modelindex`, an
+# empty wheel on PyPI; model-index provides the `modelindex` module it imports
 "${PIP[@]}" install "${PIN[@]}" --no-build-isolation -e "$ROOT[tests]"
-"$VENV/bin/python" -c 'import mmcv.ops, mmdet, aa_det' || { say "import check failed"; exit 1; }
+"$VENV/bin/python" -c 'import mmcv.ops, mmdet, mmpretrain, aa_det' || { say "import check failed"; exit 1; }
 printf '%s\nwheel=%s\n' "$KEY $FLAVOR $ARCH" "$WHEELS" >"$STAMP"
 say "environment ready: $VENV ($FLAVOR ops)"

@@ -1,10 +1,11 @@
 """Backbone outputs off their training conditions: input size and input scale (contrast).
 
-ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (narrow: ``base_channels=16``, 2 heads; GSA also with
-``attention=dict(axial_mean=True)``), each with ``zero_init_residual=False`` so every residual
-branch is live, as after training. BatchNorm statistics are fixed at the training size: a few
-training-mode forward passes on N(0, 1) inputs at ``--train-size`` with a cumulative average
-(``momentum=None``), then evaluation mode. Every model is then evaluated on N(0, 1) inputs
+ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (narrow: ``base_channels=16``, 2 heads; GSA with each
+``attention.axial_scale``: ``'trained'``, the default, ``'sum'`` and ``'mean'``), each with
+``zero_init_residual=False`` so every residual branch is live, as after training. BatchNorm
+statistics are fixed at the training size: a few training-mode forward passes on N(0, 1) inputs
+at ``--train-size`` with a cumulative average (``momentum=None``), then evaluation mode. Every
+model is then evaluated on N(0, 1) inputs
 
 * at the training size (the reference),
 * at 1.5x and 2x the training size (the same statistics, longer feature maps),
@@ -47,7 +48,8 @@ MODELS_CFG = {
     'ResNet-50': dict(type='ResNet'),
     'AA-ResNet-50': dict(type='AAResNet', attention=dict(num_heads=2, min_key_dim_per_head=4)),
     'GSA-ResNet-50': dict(type='GSAResNet', attention=dict(num_heads=2)),
-    'GSA-ResNet-50 axial_mean': dict(type='GSAResNet', attention=dict(num_heads=2, axial_mean=True)),
+    'GSA-ResNet-50 sum': dict(type='GSAResNet', attention=dict(num_heads=2, axial_scale='sum')),
+    'GSA-ResNet-50 mean': dict(type='GSAResNet', attention=dict(num_heads=2, axial_scale='mean')),
 }
 
 

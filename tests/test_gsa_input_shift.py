@@ -1,4 +1,5 @@
-"""GSA off its training conditions (issue 20): the ``axial_mean`` option, and a short-trained
+"""GSA off its training conditions: the ``axial_scale`` forms of the axial sums (the default
+``'trained'``: the paper's sums up to the trained length, rescaled beyond it), and a short-trained
 GSA-ResNet evaluated at twice its training size."""
 import pytest
 import torch
@@ -6,54 +7,101 @@ import torch
 from aa_det.models.layers import GlobalSelfAttention2d
 
 
+def _pair(components, form, **kwargs):
+    """A ``'sum'`` (paper) module and one of ``form`` with the same weights, float64."""
+    torch.manual_seed(0)
+    paper = GlobalSelfAttention2d(8, 8, num_heads=2, components=components, axial_scale='sum', **kwargs).double()
+    other = GlobalSelfAttention2d(8, 8, num_heads=2, components=components, axial_scale=form, **kwargs).double()
+    other.load_state_dict(paper.state_dict())
+    return paper, other
+
+
+def _learn(module, H, W):
+    """One learning pass at ``H x W`` (records the trained lengths), then evaluation mode."""
+    module.train()
+    module(torch.randn(2, 8, H, W, dtype=torch.float64)).sum().backward()
+    return module.eval()
+
+
 @pytest.mark.parametrize('components, axis', [(('column',), -2), (('row',), -1)])
 def test_axial_mean_divides_the_axial_sum_by_the_axis_length(components, axis):
-    torch.manual_seed(0)
     x = torch.randn(2, 8, 5, 7, dtype=torch.float64)
-    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=components).double()
-    mean = GlobalSelfAttention2d(8, 8, num_heads=2, components=components, axial_mean=True).double()
-    mean.load_state_dict(gsa.state_dict())
-    torch.testing.assert_close(mean(x) * x.shape[axis], gsa(x))
+    paper, mean = _pair(components, 'mean')
+    torch.testing.assert_close(mean(x) * x.shape[axis], paper(x))
 
 
-def test_axial_mean_keeps_the_output_scale_across_sizes():
-    """Constant input and tables: the averaged positional branch is the same at 8x8 and 32x32,
-    the summed one grows with H * W."""
-    torch.manual_seed(0)
-    for axial_mean, ratio in ((False, 16.0), (True, 1.0)):
-        gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'),
-                                    axial_mean=axial_mean).double().eval()
+@pytest.mark.parametrize('components, axis', [(('column',), -2), (('row',), -1)])
+def test_trained_scale_is_the_paper_up_to_the_trained_length_and_rescaled_beyond(components, axis):
+    """Trained at 6x9: the paper's sums in the learning pass and at every length up to 6 (column) /
+    9 (row); beyond, the sum times trained length / length."""
+    paper, trained = _pair(components, 'trained')
+    x = torch.randn(2, 8, 6, 9, dtype=torch.float64)
+    paper.train(), trained.train()
+    torch.testing.assert_close(trained(x), paper(x))  # a learning pass: exactly the paper's
+    _learn(paper, 6, 9), _learn(trained, 6, 9)
+    T = 6 if axis == -2 else 9
+    for H, W in ((6, 9), (4, 5), (15, 20)):
+        x = torch.randn(1, 8, H, W, dtype=torch.float64)
+        L = x.shape[axis]
         with torch.no_grad():
-            gsa.rel_col.fill_(1.0)
-            gsa.rel_row.fill_(1.0)
+            torch.testing.assert_close(trained(x), paper(x) * (T / L if L > T else 1))
+
+
+def test_trained_scale_without_a_record_is_the_paper():
+    paper, trained = _pair(('content', 'column', 'row'), 'trained')
+    x = torch.randn(1, 8, 40, 30, dtype=torch.float64)
+    paper.eval(), trained.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(trained(x), paper(x))
+
+
+@pytest.mark.parametrize('form, ratio', [('sum', 16.0), ('mean', 1.0), ('trained', 1.0)])
+def test_axial_scale_and_the_output_scale_across_sizes(form, ratio):
+    """Constant input and tables, trained at 8x8: the summed positional branch grows with H * W
+    from 8x8 to 32x32; the averaged one, and the one rescaled beyond the trained length, do not."""
+    torch.manual_seed(0)
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'), axial_scale=form).double()
+    gsa.offset_range.trained = [7, 7]  # what a learning pass at 8x8 records
+    gsa.eval()
+    with torch.no_grad():
+        gsa.rel_col.fill_(1.0)
+        gsa.rel_row.fill_(1.0)
         small, large = (gsa(torch.ones(1, 8, s, s, dtype=torch.float64)) for s in (8, 32))
-        torch.testing.assert_close(large.abs().mean() / small.abs().mean(),
-                                   torch.tensor(ratio, dtype=torch.float64))
+    torch.testing.assert_close(large.abs().mean() / small.abs().mean(), torch.tensor(ratio, dtype=torch.float64))
 
 
-def test_axial_mean_attention_weights_reproduce_the_outputs():
+def test_unknown_axial_scale_is_refused():
+    with pytest.raises(ValueError, match=r"axial_scale must be one of \('trained', 'sum', 'mean'\), got 'avg'"):
+        GlobalSelfAttention2d(8, 8, num_heads=2, axial_scale='avg')
+
+
+@pytest.mark.parametrize('form', ['mean', 'trained'])
+def test_scaled_attention_weights_reproduce_the_outputs(form):
+    """At 5x6 after training at 3x4: ``'trained'`` rescales both axes."""
     torch.manual_seed(0)
     x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
     queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
-    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'),
-                                axial_mean=True).double().eval()
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=('column', 'row'), axial_scale=form).double().eval()
+    gsa.offset_range.trained = [2, 3]  # what a learning pass at 3x4 records (the norm keeps its fresh statistics)
     _, _, v = gsa.qkv_heads(x)
     maps = gsa.attention_weights(x, queries)['positional']
     expected = torch.einsum('bnpij,bncij->bncp', maps, v).reshape(1, 8, 3) / (1 + gsa.norm_col.eps) ** 0.5
     torch.testing.assert_close(gsa(x)[0, :, queries[:, 0], queries[:, 1]], expected[0])
 
 
-def test_short_trained_gsa_resnet_is_finite_at_twice_its_training_size():
-    """20 SGD steps at 32x32 (a short run, as in the issue), then eval at 64x64 with the running
-    statistics of 32x32. With the paper's sums such a run can reach ~1e62 in stage 4 (float64;
-    docs/design.md); with ``axial_mean`` every stage stays within 10x of its size at 32x32."""
+@pytest.mark.parametrize('form', ['trained', 'mean'])
+def test_short_trained_gsa_resnet_is_finite_at_twice_its_training_size(form):
+    """20 SGD steps at 32x32 (a short run), then eval at 64x64 with the running statistics of
+    32x32. With the paper's sums at every size such a run can reach ~1e62 in stage 4 (float64;
+    docs/design.md); rescaled beyond the trained length (the default) or averaged, every stage
+    stays within 10x of its size at 32x32."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
     init_default_scope('mmdet')
     torch.manual_seed(0)
     model = MODELS.build(dict(type='GSAResNet', depth=26, base_channels=8, norm_eval=False,
-                              attention=dict(num_heads=2, axial_mean=True)))
+                              attention=dict(num_heads=2, axial_scale=form)))
     model.init_weights()
     head = torch.nn.Linear(model.feat_dim, 4)
     # lr 0.01: at 0.02 the short run itself diverged (NaN at 1x) with 2 threads and not with 1

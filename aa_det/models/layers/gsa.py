@@ -31,9 +31,11 @@ from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands',
-           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS']
+           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS',
+           'AXIAL_SCALES']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
+AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -395,12 +397,22 @@ class GlobalSelfAttention2d(BaseModule):
             training reached (:class:`TrainedOffsetRange`). Defaults to 64.
         norm_cfg (dict): norm between the column and row sub-layers.
             Defaults to ``dict(type='BN')``.
-        axial_mean (bool): not in the paper: divide the column sub-layer's sum
-            over ``i`` by ``H`` and the row sub-layer's by ``W``, so positional
-            attention averages over its axis as content attention averages over
-            positions (its softmax), and neither branch grows with the map size
-            (docs/design.md, "GSA off its training conditions"). Defaults to
-            False: eq. (7) sums.
+        axial_scale (str): how the column and row sub-layers' sums over their
+            axis scale with its length ``L`` (docs/design.md, "GSA at any test
+            size"):
+
+            * ``'trained'``: eq. (7)'s sums wherever ``L`` is at most the
+              longest axis a learning pass saw (``T``, recorded by
+              :class:`TrainedOffsetRange`), so training and tests at the
+              training size are exactly the paper's; on longer maps the sum
+              is rescaled by ``T / L``, so it never outgrows what the batch
+              norms after it were calibrated on.
+            * ``'sum'``: eq. (7)'s sums at every size (the paper's form; grows
+              with the map, and can overflow at test sizes far above the
+              training size).
+            * ``'mean'``: sums divided by ``L`` at every size, training too.
+
+            Defaults to ``'trained'``.
         init_cfg (dict, optional): mmengine init config.
     """
 
@@ -418,7 +430,7 @@ class GlobalSelfAttention2d(BaseModule):
                  components: Sequence[str] = GSA_COMPONENTS,
                  max_rel_dist: int = 64,
                  norm_cfg: dict = dict(type='BN'),
-                 axial_mean: bool = False,
+                 axial_scale: str = 'trained',
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
         key_channels = in_channels if key_channels is None else key_channels
@@ -430,6 +442,8 @@ class GlobalSelfAttention2d(BaseModule):
         if not components or any(c not in GSA_COMPONENTS for c in components):
             raise ValueError(f'GlobalSelfAttention2d: components must be a non-empty subset of '
                              f'{GSA_COMPONENTS}, got {components}')
+        if axial_scale not in AXIAL_SCALES:
+            raise ValueError(f'GlobalSelfAttention2d: axial_scale must be one of {AXIAL_SCALES}, got {axial_scale!r}')
         if stride not in (1, 2):
             raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
         if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
@@ -437,7 +451,7 @@ class GlobalSelfAttention2d(BaseModule):
         self.in_channels, self.out_channels = in_channels, out_channels
         self.key_channels, self.num_heads, self.stride = key_channels, num_heads, stride
         self.head_dim = key_channels // num_heads
-        self.components, self.axial_mean = components, axial_mean
+        self.components, self.axial_scale = components, axial_scale
         self.qkv = nn.Conv2d(in_channels, 2 * key_channels + out_channels, 1, bias=False)
         if 'column' in components:
             self.rel_col = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
@@ -478,8 +492,37 @@ class GlobalSelfAttention2d(BaseModule):
             Tensor: ``[2m - 1, dkh]``.
         """
         table = self.rel_col if name == 'column' else self.rel_row
-        learning = self.training and torch.is_grad_enabled() and table.requires_grad
-        return self.offset_range.crop(table, 0 if name == 'column' else 1, learning, length)
+        return self.offset_range.crop(table, 0 if name == 'column' else 1, self._learning(table), length)
+
+    def _learning(self, table: Tensor) -> bool:
+        """The relative ``table`` learns in this pass (and the record widens to the map)."""
+        return self.training and torch.is_grad_enabled() and table.requires_grad
+
+    def axial_factor(self, name: str, length: int):
+        """What the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of
+        ``length`` along its axis is multiplied by (``axial_scale``), or None for 1.
+
+        ``'trained'``: ``T / L`` where the map is longer than the longest axis ``T`` a learning
+        pass recorded; None in a learning pass (the record covers the map) or without a record.
+        While a graph is captured (compile, export, trace) the factor is computed from the
+        symbolic (or traced) length, so one graph is right at every size.
+
+        Returns:
+            float | Tensor | None: a scalar.
+        """
+        if self.axial_scale == 'sum':
+            return None
+        if self.axial_scale == 'mean':
+            return 1 / length
+        axis = 0 if name == 'column' else 1
+        trained = self.offset_range.trained[axis] + 1  # T, 0 without a record
+        if trained < 1 or self._learning(self.rel_col if name == 'column' else self.rel_row):
+            return None
+        if torch.jit.is_tracing():  # TorchScript (and its ONNX exporter): the traced length is a tensor
+            return trained / torch.as_tensor(length).clamp(min=trained)
+        if graph_mode():  # dynamo: a symbolic max, no guard on the length, nothing baked in
+            return trained / torch.sym_max(trained, length)
+        return trained / length if length > trained else None
 
     def init_weights(self):
         super().init_weights()
@@ -514,8 +557,9 @@ class GlobalSelfAttention2d(BaseModule):
                                    if 'content' in self.components else None)
             if 'content' in self.components:
                 pos, out = pos
-            if self.axial_mean:
-                pos = pos / H
+            factor = self.axial_factor('column', H)
+            if factor is not None:
+                pos = pos * factor
             if 'row' in self.components:
                 pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         else:
@@ -523,8 +567,9 @@ class GlobalSelfAttention2d(BaseModule):
         if 'row' in self.components:
             pos = row_attention(ops['q_row'], pos, None if emb_row is not None else self.relative_table('row', W),
                                 embeddings=emb_row)
-            if self.axial_mean:
-                pos = pos / W
+            factor = self.axial_factor('row', W)
+            if factor is not None:
+                pos = pos * factor
         if pos is not None:
             out = out + pos  # [B, Nh, dvh, H, W]
         out = out.reshape(B, self.out_channels, H, W)
@@ -566,13 +611,13 @@ class GlobalSelfAttention2d(BaseModule):
             emb = table_col[relative_index(H, (table_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
             # column weights of every pixel (x_p, j) of the query's row, over rows i
             col = torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb)  # [B, Nh, P, H, W]
-            if self.axial_mean:
-                col = col / H
+            factor = self.axial_factor('column', H)
+            col = col if factor is None else col * factor
         if 'row' in self.components:
             emb = table_row[relative_index(W, (table_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
             row = torch.einsum('bnkp,pjk->bnpj', q_p, emb)  # [B, Nh, P, W]
-            if self.axial_mean:
-                row = row / W
+            factor = self.axial_factor('row', W)
+            row = row if factor is None else row * factor
         if col is not None and row is not None:
             maps['positional'] = col * row[:, :, :, None, :]
         elif col is not None:  # column only: the query's own column

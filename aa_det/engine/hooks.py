@@ -5,6 +5,9 @@
   ``logger.info`` it passes) after a traceback. This one checks the same loss at the same
   interval and stops training with a :class:`NonFiniteLossError`, which the tools print as one
   ``aa_det:`` line.
+* ``StopOnNonFiniteOutputs``: validation and testing end with one clear line when the backbone's
+  features or the predicted boxes / scores hold NaN or inf (a detector whose features are NaN
+  predicts nothing, so COCO mAP alone would read as a poor model, not a broken one).
 * ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only, in one graph
   (``fullgraph=True``) for every size with ``dynamic=True``. mmengine's Runner option ``compile``
   compiles the whole ``train_step`` instead (it runs with what :func:`aa_det.engine.load_config`
@@ -56,6 +59,132 @@ class StopOnNonFiniteLoss(CheckInvalidLossHook):
                    'broken boxes in the data (tools/check_dataset.py), a damaged load_from checkpoint')
         runner.logger.error(message)
         raise NonFiniteLossError(message)
+
+
+class NonFiniteOutputError(ConfigError):
+    """Validation or testing produced NaN or inf features or predictions; the message says where."""
+
+
+def _tensors(output):
+    """The tensors of a module's output (a tensor, or a tuple / list of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for t in output if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def first_non_finite_module(module: torch.nn.Module, inputs: tuple, prefix: str) -> str:
+    """The name of the first submodule of ``module`` (in the order their forwards finish) whose
+    output holds NaN or inf when ``module`` runs on ``inputs`` again; ``prefix`` if none does."""
+    found = []
+
+    def check(name):
+        def fn(_, __, output):
+            if not found and not _finite(_tensors(output)):
+                found.append(name)
+        return fn
+
+    handles = [m.register_forward_hook(check(f'{prefix}.{name}' if name else prefix))
+               for name, m in module.named_modules()]
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else prefix
+
+
+@HOOKS.register_module()
+class StopOnNonFiniteOutputs(Hook):
+    """End validation and testing with one line when outputs hold NaN or inf.
+
+    Every batch, the backbone's features (a forward hook on ``model.backbone``) and the
+    predicted ``bboxes`` / ``scores`` are checked (one host read each: a few per batch). At the
+    first non-finite batch the backbone runs once more on its input with a hook on every
+    submodule, to name the first one whose output is not finite. After the last batch of an
+    evaluation with any, :class:`NonFiniteOutputError` says how many batches were non-finite,
+    the first batch's input size and module (the tools print it as one ``aa_det:`` line and exit
+    non-zero; checkpoints saved so far are kept). ``configs/_base_/default_runtime.py`` sets it
+    as ``default_hooks.check_outputs``.
+    """
+
+    priority = 'LOW'
+
+    def __init__(self) -> None:
+        self._handle = None
+
+    def _watch(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        self.bad_batches, self.first, self._checking = 0, None, False
+        self._bad_features = False
+        backbone = getattr(model, 'backbone', None)
+        if backbone is not None and self._handle is None:
+            self._handle = backbone.register_forward_hook(self._check_features)
+
+    def _check_features(self, module, inputs, output) -> None:
+        if self._checking or _finite(_tensors(output)):
+            return
+        self._bad_features = True
+        if self.first is None:
+            self._checking = True  # the re-run below goes through this hook again
+            try:
+                where = first_non_finite_module(module, inputs, 'backbone')
+            finally:
+                self._checking = False
+            size = 'x'.join(str(d) for d in inputs[0].shape) if inputs else '?'
+            self.first = f'backbone features, input {size}, first at {where}'
+
+    def _check_batch(self, runner, phase: str, batch_idx: int, outputs, num_batches: int) -> None:
+        bad = self._bad_features
+        if not bad:
+            for sample in outputs or ():
+                pred = getattr(sample, 'pred_instances', None)
+                if pred is not None and not _finite([pred.get(k) for k in ('bboxes', 'scores')
+                                                     if isinstance(pred.get(k), torch.Tensor)]):
+                    bad = True
+                    if self.first is None:
+                        self.first = f'predictions, image {sample.metainfo.get("img_path", "?")}'
+                    break
+        self._bad_features = False
+        self.bad_batches += bad
+        if batch_idx + 1 == num_batches:
+            self._unwatch()
+            if self.bad_batches:
+                message = (f'{phase} stopped: non-finite outputs in {self.bad_batches} of {num_batches} batches '
+                           f'(first: {self.first}); the metrics would be meaningless. Causes: test sizes far above '
+                           'the training size (GSA: attention.axial_scale), a damaged checkpoint, a training run '
+                           'that diverged')
+                runner.logger.error(message)
+                raise NonFiniteOutputError(message)
+
+    def _unwatch(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def before_val_epoch(self, runner) -> None:
+        self._watch(runner)
+
+    def before_test_epoch(self, runner) -> None:
+        self._watch(runner)
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._check_batch(runner, 'validation', batch_idx, outputs, len(runner.val_dataloader))
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._check_batch(runner, 'testing', batch_idx, outputs, len(runner.test_dataloader))
+
+    def after_val_epoch(self, runner, metrics=None) -> None:
+        self._unwatch()
+
+    def after_test_epoch(self, runner, metrics=None) -> None:
+        self._unwatch()
 
 
 @HOOKS.register_module()
@@ -122,5 +251,5 @@ class StaticModuleIntsHook(Hook):
         runner.model.train_step = module_ints_constant(runner.model.train_step)
 
 
-__all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'StaticModuleIntsHook',
-           'StopOnNonFiniteLoss']
+__all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'NonFiniteOutputError',
+           'StaticModuleIntsHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs', 'first_non_finite_module']

@@ -5,4 +5,6 @@ custom_imports = dict(imports=['aa_det'], allow_failed_imports=False)
 default_hooks = dict(
     checkpoint=dict(max_keep_ckpts=3),  # 150 epochs: keep the newest three
     # mmdet's CheckInvalidLossHook at every iteration, stopping with one clear line
-    check_loss=dict(type='StopOnNonFiniteLoss', interval=1))
+    check_loss=dict(type='StopOnNonFiniteLoss', interval=1),
+    # validation / testing end with one clear line on NaN or inf features or predictions
+    check_outputs=dict(type='StopOnNonFiniteOutputs'))

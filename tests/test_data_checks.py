@@ -88,10 +88,10 @@ def test_json_syntax_error_names_file_line_and_column(data, tmp_path):
 
 
 def test_skipped_annotations_are_counted_in_one_log_line(data, tmp_path):
-    """Wrong width/height (half the real size) drops every box beyond it; before, silently."""
+    """Boxes outside the image, an unknown category and a zero-size box; before, silently."""
     def damage(coco):
-        for img in coco['images']:
-            img['width'] = img['height'] = 48
+        for ann in coco['annotations'][2::2]:
+            ann['bbox'][0] = 200  # the images are 96 px wide
         coco['annotations'][0]['category_id'] = 99
         coco['annotations'][1]['bbox'][2] = 0.5
 
@@ -174,3 +174,92 @@ def test_check_dataset_passes_clean_data(tiny_shapes):
     out = run_tool('check_dataset.py', DEMO, '--workers', 1, options=demo_options(tiny_shapes))
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert out.stdout.count('  ok') == 2, out.stdout  # train, and val (= test)
+
+
+# --- checked when the datasets are built: sizes, image headers, the COCO layout -------------------
+
+def stops_before_training(data, tmp_path, pattern):
+    """Building the run's dataloaders raises ``pattern``; no training iteration ran."""
+    cfg, runner = runner_for(data, tmp_path)
+    steps = []
+
+    class Spy(Hook):
+        def before_train_iter(self, *args, **kwargs):
+            steps.append(1)
+
+    runner.register_hook(Spy())
+    with pytest.raises(ConfigError, match=pattern):
+        runner.train()
+    assert steps == []
+
+
+def test_wrong_sizes_in_the_json_are_one_line_from_the_tool(data, tmp_path):
+    """Before: training ran on the boxes inside the stated size (18 of 42 in the issue's case), rc 0,
+    with a warning that blamed the boxes."""
+    def damage(coco):
+        for img in coco['images']:
+            img['width'] = img['height'] = 48
+
+    edit_json(data / 'annotations' / 'instances_train.json', damage)
+    out = run_tool('train.py', DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.fullmatch(r'aa_det: 8 of 8 images checked \(all of 8 in \S+instances_train.json\) are wrong, first: '
+                        r'\S+/train/000000.png is 96x96, the annotation file says width 48, height 48 '
+                        r'\(tools/check_dataset.py CONFIG decodes them all\)\n', own_stderr(out.stderr)), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize('damage, problem', [
+    (lambda png: png.write_bytes(png.read_bytes()[:-30]), r'truncated \(the PNG has no IEND chunk at its end\)'),
+    (lambda png: png.write_bytes(b'not a png'), r'not an image PIL can read \(UnidentifiedImageError'),
+])
+def test_damaged_validation_image_stops_before_training(data, tmp_path, damage, problem):
+    """Before: the run ended at the first validation, after all training epochs."""
+    damage(data / 'val' / '000002.png')
+    stops_before_training(data, tmp_path, rf'1 of 4 images checked \(all of 4 in \S+instances_val.json\) are wrong, '
+                                          rf'first: \S+/val/000002.png {problem}')
+
+
+def test_header_check_samples_a_large_set(tmp_path):
+    """Above the limit a fixed sample is read: the same images every time, ``limit`` of them."""
+    from aa_det.datasets import checked_coco
+
+    read = []
+    infos = [dict(img_path=f'{i}.png', width=1, height=1) for i in range(50)]
+    original = checked_coco.image_header_problem
+    try:
+        checked_coco.image_header_problem = lambda path, w, h: read.append(path) or ''
+        checked_coco.check_image_headers(infos, 'ann.json', limit=10)
+        first = list(read)
+        checked_coco.check_image_headers(infos, 'ann.json', limit=10)
+    finally:
+        checked_coco.image_header_problem = original
+    assert len(first) == 10 and read[10:] == first
+
+
+def test_nested_coco_dict_is_one_line(data, tmp_path):
+    """Before: ``KeyError: 'categories'``."""
+    path = data / 'annotations' / 'instances_train.json'
+    path.write_text(json.dumps({'data': json.loads(path.read_text())}))
+    stops_before_training(data, tmp_path, r"annotation file has no top-level 'categories': \S+instances_train.json: "
+                                          r"the COCO dict is nested under the key 'data'; save that dict itself")
+
+
+def test_string_category_id_is_one_line(data, tmp_path):
+    """Before: mmdet's ``need at least one array to concatenate`` (every annotation skipped)."""
+    def damage(coco):
+        for ann in coco['annotations']:
+            ann['category_id'] = str(ann['category_id'])
+
+    edit_json(data / 'annotations' / 'instances_train.json', damage)
+    stops_before_training(data, tmp_path, r"annotation file \S+instances_train.json: category_id must be an int; "
+                                          r"annotation \d+ has '\d'")
+
+
+def test_validation_set_without_annotations_warns(data, tmp_path):
+    """Before: every metric -1 without a word."""
+    edit_json(data / 'annotations' / 'instances_val.json', lambda coco: coco.update(annotations=[]))
+    cfg, runner = runner_for(data, tmp_path)
+    runner.build_dataloader(cfg.val_dataloader)
+    log = open(runner.logger.handlers[-1].baseFilename).read()
+    assert re.search(r'WARNING - aa_det: \S+instances_val.json has no annotations: every COCO metric of this set '
+                     r'will be -1', log), log[-2000:]

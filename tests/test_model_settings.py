@@ -103,6 +103,20 @@ def test_attn_downsample_stages_need_one_entry_per_stage():
         MODELS.build(dict(TINY_AA, depth=18, attn_downsample_stages=(False, True)))
 
 
+@pytest.mark.parametrize('backbone', [dict(TINY_AA, depth=18), dict(type='GSAResNet', depth=26, base_channels=8,
+                                                                     attention=dict(num_heads=2))])
+def test_mmdets_three_stage_pattern_builds_with_the_default_attention_stages(backbone):
+    """mmdet's ``num_stages=3`` pattern without ``stage_with_attention``: the default follows
+    ``num_stages`` (was refused: the default had four entries), outputs as mmdet's ResNet's."""
+    three = dict(num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1), out_indices=(0, 1, 2))
+    model = MODELS.build(dict(backbone, **three))
+    resnet = MODELS.build(dict(type='ResNet', depth=backbone['depth'] if backbone['depth'] != 26 else 50,
+                               base_channels=8, **three))
+    x = torch.rand(1, 3, 32, 32)
+    assert [o.shape for o in model(x)] == [o.shape for o in resnet(x)]
+    assert len(model.stage_with_attention) == 3 and model.stage_with_attention[-1]
+
+
 def test_three_stages_with_three_entries_build():
     model = MODELS.build(dict(TINY_AA, depth=18, num_stages=3, strides=(1, 2, 2), dilations=(1, 1, 1),
                               out_indices=(0, 1, 2), stage_with_attention=(False, True, True)))

@@ -35,8 +35,10 @@ class AAResNet(AttentionResNet):
             ``max_rel_dist``, ``min_key_dim_per_head``, ``impl``; see
             :class:`aa_det.models.layers.AAConv2d`). Defaults: ``kappa = 0.2``,
             ``upsilon = 0.1`` (depth 18/34: 0.25 / 0.25), 8 heads, relative.
-        stage_with_attention (Sequence[bool]): augmented stages. Defaults to
-            the last three, ``(False, True, True, True)``.
+        stage_with_attention (Sequence[bool], optional): augmented stages, one
+            entry per stage. Defaults to all but the first: ``(False, True, True,
+            True)`` with mmdet's four stages, ``(False, True, True)`` with
+            ``num_stages=3``.
         attn_downsample_stages (Sequence[bool], optional): stages whose
             attention runs on a 2x average-pooled input. Defaults to the first
             augmented stage only.
@@ -45,13 +47,15 @@ class AAResNet(AttentionResNet):
     def __init__(self,
                  depth: int,
                  attention: Optional[dict] = None,
-                 stage_with_attention: Sequence[bool] = (False, True, True, True),
+                 stage_with_attention: Optional[Sequence[bool]] = None,
                  attn_downsample_stages: Optional[Sequence[bool]] = None,
                  **kwargs):
         ratio = 0.25 if depth in (18, 34) else None
         cfg = dict(type='AAConv', key_ratio=ratio or 0.2, value_ratio=ratio or 0.1, num_heads=8)
         cfg.update(attention or {})
         num_stages = kwargs.get('num_stages', 4)
+        if stage_with_attention is None:  # the default follows num_stages, as mmdet's per-stage settings do
+            stage_with_attention = tuple(i > 0 for i in range(num_stages))
         check_per_stage('AAResNet', num_stages, stage_with_attention=stage_with_attention,
                         attn_downsample_stages=attn_downsample_stages)
         if attn_downsample_stages is None:

@@ -34,8 +34,9 @@ class GSAResNet(AttentionResNet):
             (``num_heads``, ``components``, ``max_rel_dist``, ``key_channels``;
             see :class:`aa_det.models.layers.GlobalSelfAttention2d`). Its norm
             between column and row attention follows ``norm_cfg``.
-        stage_with_attention (Sequence[bool]): stages whose 3x3 convs are
-            replaced (GSA Table 5). Defaults to all four.
+        stage_with_attention (Sequence[bool], optional): stages whose 3x3 convs
+            are replaced (GSA Table 5), one entry per stage. Defaults to every
+            stage (``num_stages`` of them).
     """
 
     arch_settings = {
@@ -48,10 +49,12 @@ class GSAResNet(AttentionResNet):
     def __init__(self,
                  depth: int,
                  attention: Optional[dict] = None,
-                 stage_with_attention: Sequence[bool] = (True, True, True, True),
+                 stage_with_attention: Optional[Sequence[bool]] = None,
                  **kwargs):
         cfg = dict(type='GSA', num_heads=8, norm_cfg=kwargs.get('norm_cfg', dict(type='BN', requires_grad=True)))
         cfg.update(attention or {})
+        if stage_with_attention is None:  # the default follows num_stages
+            stage_with_attention = (True,) * kwargs.get('num_stages', 4)
         check_per_stage('GSAResNet', kwargs.get('num_stages', 4), stage_with_attention=stage_with_attention,
                         stage_with_dcn=kwargs.get('stage_with_dcn') if kwargs.get('dcn') else None)
         dcn_stages = [i for i, (a, d) in enumerate(zip(stage_with_attention, kwargs.get('stage_with_dcn', ())))

@@ -334,3 +334,28 @@ def test_env_check_passes_with_cuda_ops_or_without_gpu(env_check, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(ops, 'get_compiling_cuda_version', lambda: 'not available')
     check.require_env()
+
+
+def _requirement_lines(path):
+    with open(path) as f:
+        return [line.split('#')[0].strip() for line in f if line.split('#')[0].strip()]
+
+
+def test_every_tested_stack_pins_mmpretrain_with_the_module_it_imports():
+    """The classification configs are mmpretrain configs: mmpretrain is a runtime requirement, pinned in
+    each tested stack and in this venv; so is ``model-index``, which provides the ``modelindex`` module
+    mmpretrain imports (the ``modelindex`` 0.0.2 it declares is an empty wheel)."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    runtime = {Requirement(line).name: Requirement(line) for line in
+               _requirement_lines(osp.join(ROOT, 'requirements', 'runtime.txt'))}
+    assert runtime['mmpretrain'].specifier.contains('1.2.0') and 'model-index' in runtime
+    for path in glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')):
+        pins = dict(line.split('==') for line in _requirement_lines(path) if '==' in line)
+        assert (pins.get('mmpretrain'), pins.get('model-index')) == ('1.2.0', '0.1.11'), path
+    pins = dict(line.split('==') for line in _requirement_lines(CONSTRAINTS) if '==' in line)
+    assert (version('mmpretrain'), version('model-index')) == (pins['mmpretrain'], pins['model-index'])
+    with open(SCRIPT) as f:
+        assert "-c 'import mmcv.ops, mmdet, mmpretrain, aa_det'" in f.read()  # the script's last check
+    import modelindex  # noqa: F401  (what `import mmpretrain` needs)

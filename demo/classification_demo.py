@@ -38,8 +38,9 @@ def main():
     runner = build_runner(load_config(args.config, work_dir=args.work_dir, cfg_options=options))
     runner.train()
     metrics = runner.test()
+    classes = runner.test_dataloader.dataset.metainfo['classes']
     print(f'\nClassification demo: top-1 = {metrics["accuracy/top1"]:.1f}% '
-          f'(chance {100 / len(runner.test_dataloader.dataset.metainfo["classes"]):.1f}%), checkpoints in {args.work_dir}')
+          f'(chance {100 / len(classes):.1f}%), checkpoints in {args.work_dir}')
 
 
 if __name__ == '__main__':

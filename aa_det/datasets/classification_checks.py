@@ -31,6 +31,9 @@ from mmengine.config import Config
 from ..engine.errors import ConfigError
 from .checked_coco import missing_files
 
+#: the image extensions of mmpretrain's CustomDataset and ImageNet (a config's ``extensions`` wins)
+EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif')
+
 
 def _leaf_datasets(dataset: dict, key: str) -> Iterator[Tuple[dict, str]]:
     """The datasets inside wrappers (``dataset=``, ``datasets=[...]``) with their config keys."""
@@ -90,7 +93,8 @@ def _read_ann_file(path: str, key: str, with_label: bool, num_classes: Optional[
             if not name or label is None:
                 raise ConfigError(f'{key}.ann_file {path}:{line_no}: expected "<image> <label>", got {line!r}')
             if label < 0 or (num_classes is not None and label >= num_classes):
-                bound = 'is negative' if num_classes is None else f'is outside [0, model.head.num_classes={num_classes})'
+                bound = 'is negative' if num_classes is None else \
+                    f'is outside [0, model.head.num_classes={num_classes})'
                 raise ConfigError(f'{key}.ann_file {path}:{line_no}: label {label} {bound}')
             images.append(name)
     if not images:
@@ -152,9 +156,7 @@ def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'va
             if not classes:
                 raise ConfigError(f'{key}: no class folders in {folder} (the folder layout: '
                                   f'{folder}/<class>/<image>; or give an ann_file)')
-            extensions = tuple(e.lower() for e in dataset.get('extensions', cls.IMG_EXTENSIONS
-                               if hasattr(cls, 'IMG_EXTENSIONS') else ('.jpg', '.jpeg', '.png', '.ppm', '.bmp',
-                                                                       '.pgm', '.tif')))
+            extensions = tuple(e.lower() for e in dataset.get('extensions') or EXTENSIONS)
             for name in classes:
                 class_folder = osp.join(folder, name)
                 if not any(f.lower().endswith(extensions) for _, _, files in os.walk(class_folder) for f in files):

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from aa_det.engine import ConfigError, NonFiniteLossError, build_runner, load_config
+from aa_det.engine import ConfigError, NonFiniteLossError, NonFiniteOutputError, build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr
@@ -199,3 +199,14 @@ def test_training_stops_on_a_non_finite_loss(tiny_shapes, tmp_path):
                                                  r'loss_cls: nan, loss_bbox: nan\)'):
         runner.train()
     assert not glob.glob(str(tmp_path / '*.pth'))
+
+
+def test_validation_stops_on_non_finite_features(tiny_shapes, tmp_path):
+    """Before: validation of NaN features reported every metric 0 (no boxes) and training went on."""
+    runner = build_runner(config(tiny_shapes, tmp_path, **{'train_cfg.val_interval': 1}))
+    runner.model.backbone.register_forward_hook(
+        lambda module, args, out: out if module.training else tuple(x * float('nan') for x in out))
+    with pytest.raises(NonFiniteOutputError, match=r'^validation stopped: non-finite outputs in 1 of 1 batches \(first: '
+                                                   r'backbone features, input 4x3x128x128, first at backbone\)'):
+        runner.train()
+    assert glob.glob(str(tmp_path / 'epoch_1.pth'))  # the epoch's checkpoint is kept

@@ -118,11 +118,12 @@ class StopOnNonFiniteOutputs(Hook):
 
     def __init__(self) -> None:
         self._handle = None
+        self.bad_batches, self.first, self._checking, self._bad_features = 0, None, False, False
 
     def _watch(self, runner) -> None:
+        """Reset the counts; watch the backbone's outputs."""
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        self.bad_batches, self.first, self._checking = 0, None, False
-        self._bad_features = False
+        self.bad_batches, self.first, self._checking, self._bad_features = 0, None, False, False
         backbone = getattr(model, 'backbone', None)
         if backbone is not None and self._handle is None:
             self._handle = backbone.register_forward_hook(self._check_features)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the README's pictures (docs/img/*.png) with the repository's own tools:
 #   1. trains the demo detector (AA-ResNet-18, demo/detection_demo.py) and a GSA-ResNet-26 one on the
-#      same generated shapes and recipe (seed 0, 12 epochs each; about 2 + 5 minutes on 2 CPU cores),
+#      same generated shapes and recipe (seed 0, 12 epochs each; 7 + 10 minutes on 2 shared CPU cores),
 #   2. draws detections of the AA detector on four validation images (demo/vis_detections.py),
 #   3. draws per-head attention maps of one AA layer and one GSA layer (demo/vis_attention.py),
 #   4. plots the benchmark ratios to ResNet-50 quoted in docs/benchmarks.md (matplotlib).
@@ -11,6 +11,8 @@
 # AA_DET_PICTURES_OUT (default docs/img) and AA_DET_PICTURES_WORK (default work_dirs/pictures) move
 # the outputs and the trainings; a finished training in the work dir is reused.
 # AA_DET_PICTURES_PYTHON runs that interpreter instead of setting up the environment.
+# On a machine that other jobs share, OMP_NUM_THREADS=1 keeps torch's threads from oversubscribing the
+# cores (a demo iteration took 3.4 s instead of 0.75 s with three jobs on 2 cores).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -54,6 +56,7 @@ for f in $(ls "$DATA/val" | sort | head -4); do cp "$DATA/val/$f" "$WORK/vis/ima
 import glob, os.path as osp, sys
 from PIL import Image
 tiles = [Image.open(p).convert('RGB') for p in sorted(glob.glob(osp.join(sys.argv[1], '*.png')))[:4]]
+tiles = [t.resize((2 * t.width, 2 * t.height), Image.NEAREST) for t in tiles]  # 128 px images, drawn at 2x
 w, h = max(t.width for t in tiles), max(t.height for t in tiles)
 sheet = Image.new('RGB', (len(tiles) * w + (len(tiles) - 1) * 4, h), 'white')
 for i, tile in enumerate(tiles):
@@ -61,9 +64,9 @@ for i, tile in enumerate(tiles):
 sheet.save(sys.argv[2], optimize=True)
 EOF
 
-# attention maps: one AA layer (stage 3's first block) and one GSA layer (stage 2's second block),
+# attention maps: one AA layer (stage 3, second block) and one GSA layer (stage 2's second block),
 # three query pixels on a generated scene of 256 px (twice the training crops)
-"$PY" demo/vis_attention.py "$AA_CFG" "$WORK/aa/epoch_12.pth" --layer layer3.0.conv1 --size 256 \
+"$PY" demo/vis_attention.py "$AA_CFG" "$WORK/aa/epoch_12.pth" --layer layer3.1.conv1 --size 256 \
     --out "$OUT/attention_aa.png"
 "$PY" demo/vis_attention.py "$GSA_CFG" "$WORK/gsa/epoch_12.pth" --layer layer2.1.conv2 --size 256 \
     --positions 0.3,0.3 0.5,0.5 --out "$OUT/attention_gsa.png"
@@ -76,13 +79,13 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt
 # (quantity, AA-ResNet-50, GSA-ResNet-50): ratios to ResNet-50, docs/benchmarks.md
 ROWS = [
-    ('train step, CPU\n(detection_speed.py)', 1.37, 1.34),
-    ('backbone fwd+bwd, CPU\n(detection_speed.py)', 1.92, 1.66),
-    ('inference 1333x800, CPU\n(detection_speed.py)', 1.75, 1.23),
-    ('kernel launches, CUDA path\n(op_counts.py)', 1.88, 2.38),
-    ('peak memory 1024x1024\n(op_counts.py)', 1.20, 1.62),
+    ('RetinaNet train step\nCPU time\n(detection_speed.py)', 1.37, 1.34),
+    ('backbone fwd + bwd\nCPU time\n(detection_speed.py)', 1.92, 1.66),
+    ('inference 1333x800\nCPU time\n(detection_speed.py)', 1.75, 1.23),
+    ('kernel launches\nof the CUDA path\n(op_counts.py)', 1.88, 2.38),
+    ('peak memory\n1024x1024, CPU\n(op_counts.py)', 1.20, 1.62),
 ]
-fig, ax = plt.subplots(figsize=(8, 3.6))
+fig, ax = plt.subplots(figsize=(9, 4))
 x = range(len(ROWS))
 for offset, (name, column) in zip((-0.2, 0.2), (('AA-ResNet-50', 1), ('GSA-ResNet-50', 2))):
     values = [row[column] for row in ROWS]
@@ -93,9 +96,16 @@ ax.text(len(ROWS) - 0.5, 1.03, 'ResNet-50', ha='right', fontsize=7)
 ax.set_xticks(list(x), [row[0] for row in ROWS], fontsize=7)
 ax.set_ylabel('ratio to ResNet-50')
 ax.set_ylim(0, 2.7)
-ax.set_title('Cost vs ResNet-50, measured on 2 CPU cores (GPU speed not measured)', fontsize=9)
+ax.set_title('Cost vs ResNet-50 on 2 CPU cores (docs/benchmarks.md; GPU speed not measured)', fontsize=9)
 ax.legend(fontsize=8, loc='upper left')
 fig.tight_layout()
 fig.savefig(sys.argv[1], dpi=90)
+EOF
+# keep each PNG well under 300 KB: a 128-colour palette (the attention overlays are photographic)
+"$PY" - "$OUT"/detections.png "$OUT"/attention_aa.png "$OUT"/attention_gsa.png "$OUT"/benchmark_ratios.png <<'EOF'
+import sys
+from PIL import Image
+for path in sys.argv[1:]:
+    Image.open(path).convert('RGB').quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
 EOF
 ls -l "$OUT"/detections.png "$OUT"/attention_aa.png "$OUT"/attention_gsa.png "$OUT"/benchmark_ratios.png

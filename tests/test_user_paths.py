@@ -134,3 +134,14 @@ def test_mmdet_browse_dataset_runs_on_our_config(tiny_shapes, tmp_path):
                    options={'train_dataloader.dataset.data_root': str(tiny_shapes) + '/'})
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(glob.glob(str(tmp_path / '*.png'))) == 8
+
+
+def test_classification_config_without_mmpretrain_is_one_line(monkeypatch):
+    """mmengine raises ModuleNotFoundError for a package scope's base whose package is missing."""
+    import mmengine.config.config as mmengine_config
+
+    monkeypatch.setattr(mmengine_config, 'is_installed', lambda package: package != 'mmpretrain')
+    path = osp.join(ROOT, 'configs/imagenet/aa-resnet50_8xb32-100e_in1k.py')
+    with pytest.raises(ConfigError, match=r'aa-resnet50_8xb32-100e_in1k.py: mmpretrain is not installed.*: pip install '
+                                          r'mmpretrain==1.2.0 model-index \(docs/setup.md\)$'):
+        load_config(path)

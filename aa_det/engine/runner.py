@@ -81,9 +81,9 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         raise ConfigError(f'config file not found: {path}')
     try:
         cfg = Config.fromfile(path)
-    except ModuleNotFoundError as e:  # a base of a package scope (mmpretrain::) that is not installed
-        raise ConfigError(f'{path}: {e} (the classification configs need mmpretrain: pip install mmpretrain==1.2.0 '
-                          'model-index; docs/setup.md)') from None
+    except ModuleNotFoundError as e:  # mmengine: a package scope's base (mmpretrain::) whose package is missing
+        hint = ': pip install mmpretrain==1.2.0 model-index (docs/setup.md)' if 'mmpretrain' in str(e) else ''
+        raise ConfigError(f'{path}: {e}{hint}') from None
     cfg.launcher = launcher
     if cfg_options:
         cfg.merge_from_dict(cfg_options)

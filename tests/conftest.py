@@ -10,3 +10,13 @@ def tiny_shapes(tmp_path_factory):
     root = tmp_path_factory.mktemp('shapes')
     generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
     return root
+
+
+@pytest.fixture(autouse=True)
+def mmdet_scope():
+    """Every test starts in mmdet's registry scope: a classification test (mmpretrain's scope, as its
+    configs set it) must not decide where a later test's ``MODELS.build(dict(type='GSAResNet'))``
+    looks."""
+    from mmengine.registry import init_default_scope
+
+    init_default_scope('mmdet')

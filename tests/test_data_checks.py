@@ -46,11 +46,8 @@ def runner_for(data, tmp_path, **extra):
     return cfg, build_runner(cfg)
 
 
-@pytest.mark.parametrize('split', ['train', 'val'])
-def test_missing_image_stops_before_training(data, tmp_path, split):
-    """Before: the loader crashed when it reached the file (a validation image: after all
-    training). Now building the dataloaders, before the first iteration, names it."""
-    (data / split / '000002.png').unlink()
+def stops_before_training(data, tmp_path, pattern):
+    """Building the run's dataloaders raises ``pattern``; no training iteration ran."""
     cfg, runner = runner_for(data, tmp_path)
     steps = []
 
@@ -59,10 +56,18 @@ def test_missing_image_stops_before_training(data, tmp_path, split):
             steps.append(1)
 
     runner.register_hook(Spy())
-    pattern = rf'1 of \d+ images listed in .*instances_{split}.json are missing, first: .*{split}/000002.png'
     with pytest.raises(ConfigError, match=pattern):
         runner.train()
     assert steps == []
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_missing_image_stops_before_training(data, tmp_path, split):
+    """Before: the loader crashed when it reached the file (a validation image: after all
+    training). Now building the dataloaders, before the first iteration, names it."""
+    (data / split / '000002.png').unlink()
+    stops_before_training(data, tmp_path, rf'1 of \d+ images listed in .*instances_{split}.json are missing, '
+                                          rf'first: .*{split}/000002.png')
 
 
 def test_missing_image_is_one_line_from_the_tool(data, tmp_path):
@@ -177,21 +182,6 @@ def test_check_dataset_passes_clean_data(tiny_shapes):
 
 
 # --- checked when the datasets are built: sizes, image headers, the COCO layout -------------------
-
-def stops_before_training(data, tmp_path, pattern):
-    """Building the run's dataloaders raises ``pattern``; no training iteration ran."""
-    cfg, runner = runner_for(data, tmp_path)
-    steps = []
-
-    class Spy(Hook):
-        def before_train_iter(self, *args, **kwargs):
-            steps.append(1)
-
-    runner.register_hook(Spy())
-    with pytest.raises(ConfigError, match=pattern):
-        runner.train()
-    assert steps == []
-
 
 def test_wrong_sizes_in_the_json_are_one_line_from_the_tool(data, tmp_path):
     """Before: training ran on the boxes inside the stated size (18 of 42 in the issue's case), rc 0,

@@ -24,26 +24,16 @@ mmpretrain.
 """
 import os
 import os.path as osp
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from mmengine.config import Config
 
 from ..engine.errors import ConfigError
+from ..engine.model_checks import leaf_datasets
 from .checked_coco import missing_files
 
 #: the image extensions of mmpretrain's CustomDataset and ImageNet (a config's ``extensions`` wins)
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.ppm', '.bmp', '.pgm', '.tif')
-
-
-def _leaf_datasets(dataset: dict, key: str) -> Iterator[Tuple[dict, str]]:
-    """The datasets inside wrappers (``dataset=``, ``datasets=[...]``) with their config keys."""
-    if 'dataset' in dataset:
-        yield from _leaf_datasets(dataset['dataset'], f'{key}.dataset')
-    elif 'datasets' in dataset:
-        for i, inner in enumerate(dataset['datasets']):
-            yield from _leaf_datasets(inner, f'{key}.datasets[{i}]')
-    else:
-        yield dataset, key
 
 
 def _mmpretrain_class(dataset_type, scope: Optional[str]):
@@ -114,7 +104,7 @@ def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'va
         loader = cfg.get(f'{split}_dataloader')
         if not loader or 'dataset' not in loader:
             continue
-        for dataset, key in _leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
+        for dataset, key in leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
             cls = _mmpretrain_class(dataset.get('type'), dataset.get('_scope_', scope))
             if cls is None:
                 continue

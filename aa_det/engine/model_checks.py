@@ -85,13 +85,13 @@ def coco_category_names(ann_file: str) -> List[str]:
     return [c['name'] for c in categories]
 
 
-def _leaf_datasets(dataset: dict, path: str) -> Iterator[Tuple[dict, str]]:
+def leaf_datasets(dataset: dict, path: str) -> Iterator[Tuple[dict, str]]:
     """The datasets inside wrappers (``dataset=``, ``datasets=[...]``) with their config keys."""
     if 'dataset' in dataset:
-        yield from _leaf_datasets(dataset['dataset'], f'{path}.dataset')
+        yield from leaf_datasets(dataset['dataset'], f'{path}.dataset')
     elif 'datasets' in dataset:
         for i, inner in enumerate(dataset['datasets']):
-            yield from _leaf_datasets(inner, f'{path}.datasets[{i}]')
+            yield from leaf_datasets(inner, f'{path}.datasets[{i}]')
     else:
         yield dataset, path
 
@@ -119,7 +119,7 @@ def check_classes(cfg: Config, splits=('train', 'val', 'test')):
         loader = cfg.get(f'{split}_dataloader')
         if not loader or 'dataset' not in loader:
             continue
-        for dataset, path in _leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
+        for dataset, path in leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
             dataset_type = DATASETS.get(dataset.get('type')) if isinstance(dataset.get('type'), str) \
                 else dataset.get('type')
             if not (isinstance(dataset_type, type) and issubclass(dataset_type, CocoDataset)) \

@@ -75,7 +75,9 @@ def _tensors(output):
 
 
 def _finite(tensors) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+    """No NaN or inf in any floating-point tensor of ``tensors`` (one host read for all)."""
+    flags = [torch.isfinite(t).all() for t in tensors if t.is_floating_point()]
+    return not flags or bool(torch.stack(flags).all())
 
 
 def first_non_finite_module(module: torch.nn.Module, inputs: tuple, prefix: str) -> str:
@@ -105,7 +107,7 @@ class StopOnNonFiniteOutputs(Hook):
     """End validation and testing with one line when outputs hold NaN or inf.
 
     Every batch, the backbone's features (a forward hook on ``model.backbone``) and the
-    predicted ``bboxes`` / ``scores`` are checked (one host read each: a few per batch). At the
+    predicted ``bboxes`` / ``scores`` are checked (one host read for the features, one per image for its predictions). At the
     first non-finite batch the backbone runs once more on its input with a hook on every
     submodule, to name the first one whose output is not finite. After the last batch of an
     evaluation with any, :class:`NonFiniteOutputError` says how many batches were non-finite,

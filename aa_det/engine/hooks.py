@@ -107,8 +107,8 @@ class StopOnNonFiniteOutputs(Hook):
     """End validation and testing with one line when outputs hold NaN or inf.
 
     Every batch, the backbone's features (a forward hook on ``model.backbone``) and the
-    predicted ``bboxes`` / ``scores`` are checked (one host read for the features, one per image for its predictions). At the
-    first non-finite batch the backbone runs once more on its input with a hook on every
+    predicted ``bboxes`` / ``scores`` are checked (one host read for the features, one per image
+    for its predictions). At the first non-finite batch the backbone runs once more on its input with a hook on every
     submodule, to name the first one whose output is not finite. After the last batch of an
     evaluation with any, :class:`NonFiniteOutputError` says how many batches were non-finite,
     the first batch's input size and module (the tools print it as one ``aa_det:`` line and exit

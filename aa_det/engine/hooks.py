@@ -108,8 +108,8 @@ class StopOnNonFiniteOutputs(Hook):
 
     Every batch, the backbone's features (a forward hook on ``model.backbone``) and the
     predicted ``bboxes`` / ``scores`` are checked (one host read for the features, one per image
-    for its predictions). At the first non-finite batch the backbone runs once more on its input with a hook on every
-    submodule, to name the first one whose output is not finite. After the last batch of an
+    for its predictions). At the first non-finite batch the backbone runs once more on its input
+    with a hook on every submodule, to name the first one whose output is not finite. After the last batch of an
     evaluation with any, :class:`NonFiniteOutputError` says how many batches were non-finite,
     the first batch's input size and module (the tools print it as one ``aa_det:`` line and exit
     non-zero; checkpoints saved so far are kept). ``configs/_base_/default_runtime.py`` sets it

@@ -9,8 +9,8 @@ and positional maps (rows = heads, columns = position x {content, positional}).
 CONFIG is a detection or classification config, CHECKPOINT a checkpoint of it (the demo
 detector's work_dirs/demo_shapes/epoch_12.pth, say); the maps are of its backbone.
 Without --image, a generated shapes scene is used.
-The maps come from the layers' ``attention_weights`` method, a separate path: the
-normal forward is not changed or slowed by it.
+The maps come from ``demo/attention_maps.py``, a path of their own: the layers' forward is
+not changed or slowed by it.
 """
 import argparse
 import os.path as osp
@@ -35,6 +35,7 @@ from PIL import Image  # noqa: E402
 
 from aa_det.engine import ConfigError, load_config  # noqa: E402
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d  # noqa: E402
+from attention_maps import attention_weights  # noqa: E402
 
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])
 
@@ -105,13 +106,12 @@ def main():
         handle.remove()
         feat = captured['x']
         if isinstance(layer, AAConv2d):
-            grid = layer._attention_input(feat).shape[-2:]
+            grid = layer.attention_input(feat).shape[-2:]
         else:
             grid = feat.shape[-2:]
         queries = torch.tensor([[min(int(r * grid[0] / H), grid[0] - 1), min(int(c * grid[1] / W), grid[1] - 1)]
                                 for r, c in positions])
-        weights = layer.attention_weights(feat, queries)
-    maps = {'attention': weights} if torch.is_tensor(weights) else weights  # name -> [1, Nh, P, h, w]
+        maps = attention_weights(layer, feat, queries)  # name -> [1, Nh, P, h, w]
     kinds = list(maps)
     heads = next(iter(maps.values())).shape[1]
     cols = len(positions) * len(kinds)

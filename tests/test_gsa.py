@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from aa_det.models.layers import GlobalSelfAttention2d
-from aa_det.models.layers.gsa import gsa_reference
+
+from kernel_references import gsa_qkv, gsa_reference
 
 
 @pytest.mark.parametrize('H,W,max_dist', [(5, 3, 8), (4, 7, 3), (1, 1, 2)])
@@ -12,7 +13,7 @@ def test_gsa_matches_loop_reference(H, W, max_dist):
     gsa = GlobalSelfAttention2d(8, 8, num_heads=2, max_rel_dist=max_dist).double()
     x = torch.randn(2, 8, H, W, dtype=torch.float64, requires_grad=True)
     out = gsa(x)
-    q, k, v = gsa.qkv_heads(x)
+    q, k, v = gsa_qkv(gsa, x)
     ref = gsa_reference(q, k, v, gsa.rel_col, gsa.rel_row, norm=gsa.norm_col).reshape(out.shape)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     params = [x, gsa.rel_col, gsa.rel_row, gsa.qkv.weight]
@@ -111,22 +112,6 @@ def test_axial_backward_called_under_autocast_keeps_forward_dtype():
             grads.append(torch.autograd.grad(out.square().sum(), (q, v, table)))
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
-
-
-def test_attention_weights_reproduce_the_outputs():
-    """GSA maps (for demo/vis_attention.py) are the weights the forward applies to the values."""
-    torch.manual_seed(0)
-    x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
-    queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
-    for components, key in ((('content',), 'content'), (('column', 'row'), 'positional')):
-        gsa = GlobalSelfAttention2d(8, 8, num_heads=2, components=components).double().eval()
-        out = gsa(x)  # [1, 8, 5, 6]
-        _, _, v = gsa.qkv_heads(x)  # [1, Nh, dvh, H, W]
-        maps = gsa.attention_weights(x, queries)[key]  # [1, Nh, P, H, W]
-        expected = torch.einsum('bnpij,bncij->bncp', maps, v).reshape(1, 8, 3)
-        if key == 'positional':  # the eval-mode BN between column and row: x / sqrt(1 + eps)
-            expected = expected / (1 + gsa.norm_col.eps) ** 0.5
-        torch.testing.assert_close(out[0, :, queries[:, 0], queries[:, 1]], expected[0])
 
 
 @pytest.mark.parametrize('heads, size', [(1, (7, 2)), (2, (7, 1)), (2, (1, 7))])

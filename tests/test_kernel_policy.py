@@ -18,6 +18,7 @@ from aa_det.models.layers.kernel_policy import (CUDA_AXIAL_ELEMS, axial_chunk_el
                                                 force_policy, kernel_device)
 
 from attention_inputs import aa_inputs, rel_err
+from kernel_references import attention_reference, gsa_qkv, gsa_reference
 from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_SDPA
 
 LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16_AUTOCAST)]
@@ -68,7 +69,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
     H, W = 12, 10
     q, k, v, th, tw, gout = aa_inputs(0)
     ref_inputs = [t.clone().requires_grad_() for t in (q, k, v, th, tw)]
-    ref = [t.detach() for t in _grads(ra.attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
+    ref = [t.detach() for t in _grads(attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
     ran = []
     real = ra.attention_sdpa_folded
     monkeypatch.setattr(ra, 'attention_sdpa_folded', lambda *a: ran.append(a[7]) or real(*a))  # its dtype
@@ -131,8 +132,8 @@ def test_cuda_policy_gsa_module_against_the_loop_reference(dtype, monkeypatch):
     x = torch.randn(2, 16, 9, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     gsa = _gsa_module().train()
     xr = x.clone().requires_grad_()
-    q, k, v = gsa.qkv_heads(xr)
-    ref = gsa_mod.gsa_reference(q, k, v, gsa.rel_col, gsa.rel_row, norm=gsa.norm_col).reshape(2, 16, 9, 11)
+    q, k, v = gsa_qkv(gsa, xr)
+    ref = gsa_reference(q, k, v, gsa.rel_col, gsa.rel_row, norm=gsa.norm_col).reshape(2, 16, 9, 11)
     gout = torch.randn_like(ref)
     ref = [ref.detach(), *torch.autograd.grad((ref * gout).sum(), [xr] + list(gsa.parameters()))]
     chunks = []
@@ -183,61 +184,8 @@ def test_cpu_policy_is_unchanged_by_the_switch():
     assert axial_chunk_elems('cpu') < CUDA_AXIAL_ELEMS
 
 
-@pytest.mark.parametrize('M', [12, 9, 8, 5])  # tables covering the map (whole, exactly), one axis clipped, both
-def test_skewed_relative_logits_equal_the_gathered_ones(M):
-    """The CUDA path's relative logits (one GEMM, two strided views, one backward write) give the
-    values and gradients (q and both tables) of the per-row GEMMs, in float64."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 9, 7, 4, dtype=torch.float64, generator=g)
-    th, tw = (torch.randn(2 * M - 1, 4, dtype=torch.float64, generator=g) for _ in range(2))
-    gh, gw = torch.randn(2, 3, 9, 7, 9, dtype=torch.float64), torch.randn(2, 3, 9, 7, 7, dtype=torch.float64)
-    results = []
-    for fn in (ra.relative_logits_5d, ra.relative_logits_skewed):
-        inputs = [t.clone().requires_grad_() for t in (q, th, tw)]
-        rel_h, rel_w = fn(*inputs)
-        results.append([rel_h, rel_w, *torch.autograd.grad((rel_h * gh).sum() + (rel_w * gw).sum(), inputs)])
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b)
-
-
-def test_split_heads_gradient_is_autograds():
-    """AAConv2d's k, q, v heads (views of the qkv output, one-tensor backward) give the qkv output the
-    gradient that autograd's own split and views give it, in float64."""
-    from aa_det.models.layers.aa_conv import _heads, _SplitHeads
-    qkv = torch.randn(2, 12 + 12 + 8, 5, 6, dtype=torch.float64)  # dk = 4 heads x 3, dv = 4 x 2
-    grads = [torch.randn(2, 4, 30, d, dtype=torch.float64) for d in (3, 3, 2)]
-    results = []
-    for split in (lambda t: _SplitHeads.apply(t, 4, (12, 12, 8)),
-                  lambda t: [_heads(p, 4) for p in t.split((12, 12, 8), 1)]):
-        x = qkv.clone().requires_grad_()
-        heads = split(x)
-        torch.testing.assert_close(torch.cat([h.flatten() for h in heads]), torch.cat(
-            [_heads(p, 4).flatten() for p in qkv.split((12, 12, 8), 1)]))
-        results.append(torch.autograd.grad(sum((h * g).sum() for h, g in zip(heads, grads)), x)[0])
-    torch.testing.assert_close(*results)
-
-
-def test_gsa_operands_gradient_is_autograds():
-    """GSA's operand copies (one per layout its GEMMs read, one-tensor backward) give the qkv output
-    the gradient that autograd gives the same copies, in float64, for every component subset."""
-    from aa_det.models.layers.gsa import _GSAOperands, gsa_operands
-    for components in (('content', 'column', 'row'), ('content',), ('column',), ('row',), ('content', 'row')):
-        layouts = tuple(GlobalSelfAttention2d(16, 8, num_heads=4, components=components).operands.values())
-        qkv = torch.randn(2, 16 + 16 + 8, 5, 6, dtype=torch.float64)
-        grads = [torch.randn(2, 4, 2 if p == 2 else 4, 5, 6, dtype=torch.float64) for p, _ in layouts]
-        results = []
-        for split in (lambda t: _GSAOperands.apply(t, 4, (16, 16, 8), torch.float64, layouts),
-                      lambda t: gsa_operands(t, 4, (16, 16, 8), torch.float64, layouts)):
-            x = qkv.clone().requires_grad_()
-            ops = split(x)
-            results.append([torch.cat([o.flatten() for o in ops]),
-                            torch.autograd.grad(sum((o * g).sum() for o, g in zip(ops, grads)), x)[0]])
-        for a, b in zip(*results):
-            torch.testing.assert_close(a, b)
-
-
 def test_axial_embeddings_are_both_axes_relative_embeddings():
-    """GSA's embeddings of both axes in one gather (one-tensor backward) equal each axis's own
+    """GSA's embeddings of both axes in one gather equal each axis's own
     relative_embeddings, values and gradients, in float64, tables covering the map and clipped."""
     from aa_det.models.layers.gsa import axial_embeddings
     from aa_det.models.layers.relative_attention import relative_embeddings
@@ -255,27 +203,10 @@ def test_axial_embeddings_are_both_axes_relative_embeddings():
             torch.testing.assert_close(a, b)
 
 
-def test_twin_copy_gradient_is_autograds():
-    """AA's low-precision q and its float32 copy (one-op backward) give q the gradient that autograd
-    gives the same two tensors, up to one bf16 rounding."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 3, 20, 4, generator=g).to(torch.bfloat16).transpose(-1, -2)  # a strided view
-    grads = torch.randn(q.shape, generator=g).to(torch.bfloat16), torch.randn(q.shape, generator=g)
-    results = []
-    for twin in (lambda t: ra._TwinCopy.apply(t, torch.float32), lambda t: (t, t.float().contiguous())):
-        x = q.detach().requires_grad_()
-        a, b = twin(x)
-        torch.testing.assert_close(b, x.float())
-        assert b.dtype == torch.float32 and b.is_contiguous()
-        results.append(torch.autograd.grad((a * grads[0]).sum() + (b * grads[1]).sum(), x)[0])
-    assert results[0].dtype == torch.bfloat16
-    torch.testing.assert_close(results[0].float(), results[1].float(), rtol=1e-2, atol=1e-2)
-
-
 @pytest.mark.parametrize('chunk_elems', [None, 2 * 5 * 5])
 def test_column_kernel_with_content_product_is_both_branches(chunk_elems):
     """Column attention whose kernel also computes content attention's product with the same q (q's
-    gradients summed in place) gives both branches' outputs and the gradients of q, k, v and the table
+    gradients summed in its backward) gives both branches' outputs and the gradients of q, k, v and the table
     that the two separate branches give under autograd, in float64, in one chunk and in several."""
     from aa_det.models.layers.gsa import column_attention, content_attention, content_context
     g = torch.Generator().manual_seed(0)

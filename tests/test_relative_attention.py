@@ -5,6 +5,7 @@ import torch
 from aa_det.models.layers import AAConv2d, aa_channels
 from aa_det.models.layers.relative_attention import choose_impl, relative_attention
 
+from kernel_references import attention_reference
 from torch_versions import CPU_FP16_AUTOCAST
 
 
@@ -24,8 +25,7 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
     q, k, v, th, tw = _inputs(H=H, W=W, max_dist=max_dist)
     extra = dict(block_elems=2 * 3 * H * W * 2) if impl == 'blocked' else {}  # 2 query rows/block
     results = []
-    for name, kw in (('reference', {}), (impl, extra)):
-        out = relative_attention(q, k, v, th, tw, H, W, impl=name, **kw)
+    for out in (attention_reference(q, k, v, th, tw, H, W), relative_attention(q, k, v, th, tw, H, W, impl=impl, **extra)):
         grads = torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, th, tw))
         results.append((out, grads))
     (ref, ref_g), (out, g) = results
@@ -56,8 +56,8 @@ def test_blocked_path_never_materialises_full_logits(monkeypatch):
 
 def test_blocked_path_without_position_encoding_matches_reference():
     q, k, v, _, _ = _inputs(H=4, W=6)
-    outs = [relative_attention(q, k, v, None, None, 4, 6, impl=impl, block_elems=2 * 3 * 24 * 5)
-            for impl in ('reference', 'blocked')]
+    outs = [attention_reference(q, k, v, None, None, 4, 6),
+            relative_attention(q, k, v, None, None, 4, 6, impl='blocked', block_elems=2 * 3 * 24 * 5)]
     grads = [torch.autograd.grad(o.sin().sum(), (q, k, v)) for o in outs]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
     for a, b in zip(grads[1], grads[0]):
@@ -246,16 +246,3 @@ def test_blocked_backward_called_under_autocast_stays_float32():
             grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, rel_h, rel_w)))
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
-
-
-def test_aa_attention_weights_reproduce_the_attention():
-    """AAConv2d.attention_weights (demo/vis_attention.py) are the softmax weights the forward uses."""
-    conv = _conv('relative')
-    x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
-    queries = torch.tensor([[0, 0], [2, 3], [4, 5]])
-    maps = conv.attention_weights(x, queries).double()  # [1, Nh, P, 5, 6], float32 for drawing
-    q, k, v, (h, w) = conv.qkv_heads(x)
-    attn = relative_attention(q, k, v, conv.rel_h, conv.rel_w, h, w)  # [1, Nh, hw, dvh]
-    assert torch.allclose(maps.sum((-1, -2)), torch.ones(1, 2, 3, dtype=torch.float64))
-    torch.testing.assert_close(maps.flatten(-2) @ v, attn[:, :, queries[:, 0] * w + queries[:, 1]],
-                               rtol=1e-5, atol=1e-6)

@@ -24,12 +24,11 @@ from mmcv.cnn import build_conv_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .kernel_policy import graph_mode
 from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
-from .relative_attention import init_relative_table, relative_attention, relative_logits_2d
+from .relative_attention import IMPLS, init_relative_table, relative_attention
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
 
@@ -59,28 +58,6 @@ def _heads(t: Tensor, num_heads: int) -> Tensor:
     return t.reshape(t.shape[0], num_heads, -1, t.shape[-2] * t.shape[-1]).transpose(-1, -2)
 
 
-class _SplitHeads(torch.autograd.Function):
-    """k, q, v per head, ``[B, Nh, hw, d]`` views of the qkv convolution's output; their
-    gradients are written into one tensor of its shape (one copy each, where autograd's view
-    backward takes a copy each and a concatenation)."""
-
-    @staticmethod
-    def forward(ctx, qkv, num_heads, sizes):
-        ctx.shape, ctx.num_heads, ctx.sizes = qkv.shape, num_heads, sizes
-        return tuple(_heads(t, num_heads) for t in qkv.split(sizes, 1))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        grad = next(g for g in grads if g is not None).new_empty(ctx.shape)  # [B, 2 dk + dv, h, w]
-        for part, g in zip(grad.split(ctx.sizes, 1), grads):
-            if g is None:
-                part.zero_()
-            else:
-                _heads(part, ctx.num_heads).copy_(g)
-        return grad, None, None
-
-
 @MODELS.register_module('AAConv')
 class AAConv2d(BaseModule):
     """Attention augmented convolution (AA paper, Sec. 3.3, Fig. 2).
@@ -95,8 +72,9 @@ class AAConv2d(BaseModule):
         stride (int): 1 or 2. The convolution is strided; the attention input
             is reduced by a 3x3 average pool with the same stride first, which
             gives exactly the strided convolution's output size. Defaults to 1.
-        padding (int, optional): ignored beyond validation; 'same' padding
-            ``dilation * (kernel_size - 1) // 2`` is always used.
+        padding (int, optional): None or 'same' padding, ``dilation * (kernel_size - 1) // 2``
+            (what the attention branch's output size needs); other values are refused.
+            Defaults to None.
         dilation (int): dilation of the convolutional part. Defaults to 1.
         groups (int): must be 1.
         bias (bool): bias of the convolutional part. Defaults to False.
@@ -172,8 +150,14 @@ class AAConv2d(BaseModule):
             raise ValueError(f'AAConv2d: stride must be 1 or 2, got {stride}')
         if groups != 1:
             raise ValueError(f'AAConv2d: groups must be 1, got {groups}')
+        if impl not in IMPLS:
+            raise ValueError(f'AAConv2d: impl must be one of {IMPLS}, got {impl!r}')
         if kernel_size % 2 != 1:
             raise ValueError(f'AAConv2d: kernel_size must be odd, got {kernel_size}')
+        same = dilation * (kernel_size - 1) // 2
+        if padding not in (None, same):
+            raise ValueError(f"AAConv2d: padding={padding} is not supported: the attention branch keeps 'same' "
+                             f"padding, {same} for kernel_size={kernel_size} and dilation={dilation} (or None)")
         if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
             raise ValueError(f'AAConv2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -186,8 +170,7 @@ class AAConv2d(BaseModule):
         self.position, self.attn_downsample, self.impl = position, attn_downsample, impl
 
         conv_channels = out_channels - dv
-        self.conv = build_conv_layer(conv_cfg, in_channels, conv_channels, kernel_size, stride,
-                                     dilation * (kernel_size - 1) // 2, dilation,
+        self.conv = build_conv_layer(conv_cfg, in_channels, conv_channels, kernel_size, stride, same, dilation,
                                      bias=bias) if conv_channels > 0 else None
         attn_in = in_channels + 3 if position == 'coord' else in_channels
         self.qkv = nn.Conv2d(attn_in, 2 * dk + dv, 1)  # one 1x1 conv for k, q, v (Fig. 2)
@@ -225,7 +208,7 @@ class AAConv2d(BaseModule):
         if self.position == 'relative':
             self.reset_relative()
 
-    def _attention_input(self, x: Tensor) -> Tensor:
+    def attention_input(self, x: Tensor) -> Tensor:
         """Strided / downsampled input of the attention branch, with absolute
         position encodings when selected."""
         if self.stride > 1:
@@ -248,15 +231,12 @@ class AAConv2d(BaseModule):
         h, w = x.shape[-2:]
         sizes = (self.key_channels, self.key_channels, self.value_channels)
         qkv = self.qkv(x)  # [B, 2 dk + dv, h, w]: k, q, v
-        if graph_mode():
-            k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
-        else:
-            k, q, v = _SplitHeads.apply(qkv, self.num_heads, sizes)
+        k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
         return q * self.scale if scaled else q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
-        q, k, v, (h, w) = self.qkv_heads(self._attention_input(x), scaled=False)  # the kernel scales
+        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x), scaled=False)  # the kernel scales
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.scale)  # [B, Nh, hw, dvh]
         attn = self._project(attn, h, w)  # [B, dv, h, w]
@@ -281,27 +261,3 @@ class AAConv2d(BaseModule):
             out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
             return out.unflatten(-1, (h, w)) + self.proj.bias.to(out.dtype).view(-1, 1, 1)  # autocast's dtype, as the conv's
         return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
-
-    def attention_weights(self, x: Tensor, queries: Tensor) -> Tensor:
-        """Attention maps of chosen query positions, for visualisation (AA Fig. 10).
-
-        Computed on a separate path; :meth:`forward` is unchanged by it.
-
-        Args:
-            x (Tensor): ``[B, F_in, H, W]`` input of this layer.
-            queries (Tensor): ``[P, 2]`` long (row, col) positions on the
-                attention grid (``x``'s size after stride / downsampling).
-
-        Returns:
-            Tensor: ``[B, Nh, P, h, w]`` softmax weights.
-        """
-        q, k, _, (h, w) = self.qkv_heads(self._attention_input(x))
-        idx = queries[:, 0] * w + queries[:, 1]
-        logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
-        if self.position == 'relative':
-            with torch.no_grad():  # a look, never a learning pass
-                tables = self.relative_tables(h, w)
-            rel_h, rel_w = relative_logits_2d(q.reshape(*q.shape[:2], h, w, -1), *tables)
-            logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
-                      + rel_w[:, :, idx, None, :]).flatten(-2)
-        return logits.float().softmax(-1).view(*logits.shape[:3], h, w)

@@ -13,7 +13,6 @@ Example:
     >>> GlobalSelfAttention2d(64, 64, stride=2)(torch.rand(2, 64, 9, 13)).shape
     torch.Size([2, 64, 5, 7])
 """
-import functools
 import numbers
 from typing import Optional, Sequence
 
@@ -26,12 +25,12 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device
+from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, size_constant
 from .offset_range import TrainedOffsetRange
 from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands',
-           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'gsa_reference', 'GSA_COMPONENTS',
+           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'GSA_COMPONENTS',
            'AXIAL_SCALES']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
@@ -131,35 +130,6 @@ def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch
             for part, order in layouts]
 
 
-class _GSAOperands(torch.autograd.Function):
-    """:func:`gsa_operands`, whose gradients are written into one tensor of the qkv output's
-    shape and dtype: each part's gradients summed in one op (copy, or add into it) where
-    autograd's backward adds them, casts and concatenates the three parts."""
-
-    @staticmethod
-    def forward(ctx, qkv, num_heads, sizes, dtype, layouts):
-        ctx.shape, ctx.dtype, ctx.num_heads, ctx.sizes, ctx.layouts = qkv.shape, qkv.dtype, num_heads, sizes, layouts
-        return tuple(gsa_operands(qkv, num_heads, sizes, dtype, layouts))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        grad = next(g for g in grads if g is not None).new_empty(ctx.shape, dtype=ctx.dtype)
-        B, _, H, W = ctx.shape
-        for index, part in enumerate(grad.split(list(ctx.sizes), 1)):
-            part = part.view(B, ctx.num_heads, -1, H, W)
-            gs = [g for g, (p, _) in zip(grads, ctx.layouts) if p == index and g is not None]
-            if not gs:
-                part.zero_()
-            elif len(gs) == 1:
-                part.copy_(gs[0])
-            else:
-                torch.add(gs[0], gs[1], out=part)
-                for g in gs[2:]:
-                    part.add_(g)
-        return grad, None, None, None, None
-
-
 def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
     """One chunk of :class:`_AxialRelativeAttention`: ``[L, g, dk]``, ``[g, L, dv]``,
     ``[L, dk, L]`` -> ``[g, L, dv]``."""
@@ -186,8 +156,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
     live across the forward and backward. ``emb`` comes in float32 (or float64) and its
     gradient leaves in it: summed over all sequences and, by the gather that made ``emb``,
     over the pairs of each offset, it is never rounded to ``q``'s low precision in between.
-    The content product's gradient joins ``q``'s in place (one ``baddbmm_``), where
-    autograd would compute it apart and add.
+    The content product's gradient joins ``q``'s in one ``baddbmm``.
     """
 
     @staticmethod
@@ -222,11 +191,8 @@ class _AxialRelativeAttention(torch.autograd.Function):
         if context is not None:  # content attention: context^T q
             heads = context.shape[0]
             dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
-            if graph_mode():  # a captured graph fuses the sum; no in-place write through a view
-                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
-                dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
-            else:
-                _content_queries(dq, heads).baddbmm_(context, grad_content)  # into dq's own layout
+            dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
+            dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
         return dq, dv, demb, None, dcontext
 
 
@@ -287,9 +253,9 @@ def row_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Op
 def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype: torch.dtype):
     """:func:`relative_embeddings` of both axes in one gather and one cast to ``dtype``.
 
-    The float32 (float64) tables are read through one index into their concatenation
-    (cached per size outside a captured graph); the gradients of both axes return into one
-    tensor, are cast back in one op and summed into the tables in one (``F.embedding``'s backward).
+    The float32 (float64) tables are read through one index into their concatenation (a
+    constant per size, :func:`size_constant`), so both axes' gradients are cast back in one op
+    and summed into the tables in one (``F.embedding``'s backward).
 
     Args:
         table_col, table_row (Tensor): ``[2Mc - 1, dkh]``, ``[2Mr - 1, dkh]``.
@@ -299,76 +265,14 @@ def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype
     """
     Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
     tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
-    if graph_mode():  # the index built in the graph, plain views
-        emb = F.embedding(_axial_index(H, Mc, W, Mr, tables.device), tables).to(dtype)
-        return emb[:H * H].view(H, H, -1), emb[H * H:].view(W, W, -1)
-    emb = F.embedding(_cached_axial_index(H, Mc, W, Mr, tables.device), tables).to(dtype)  # [H * H + W * W, dkh]
-    return _SplitRows.apply(emb, ((H, H), (W, W)))
+    emb = F.embedding(size_constant(_axial_index, H, Mc, W, Mr, tables.device), tables).to(dtype)  # [H * H + W * W, dkh]
+    return emb[:H * H].view(H, H, -1), emb[H * H:].view(W, W, -1)
 
 
 def _axial_index(H: int, Mc: int, W: int, Mr: int, device) -> Tensor:
     """Rows of ``cat([table_col, table_row])`` for every (query, key) pair of a column, then of a
     row: ``[H * H + W * W]`` long."""
     return torch.cat([relative_index(H, Mc, device).flatten(), relative_index(W, Mr, device).flatten() + 2 * Mc - 1])
-
-
-_cached_axial_index = functools.lru_cache(maxsize=64)(_axial_index)
-
-
-class _SplitRows(torch.autograd.Function):
-    """Consecutive row blocks of ``t`` viewed as ``[*shape, d]``; their gradients written into one
-    tensor (one copy each, where autograd's slice backward zero-fills each and adds)."""
-
-    @staticmethod
-    def forward(ctx, t, shapes):
-        ctx.shape, ctx.shapes = t.shape, shapes
-        return tuple(part.view(*shape, -1) for part, shape in zip(t.split([a * b for a, b in shapes]), shapes))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        grad = next(g for g in grads if g is not None).new_empty(ctx.shape)
-        for part, g, shape in zip(grad.split([a * b for a, b in ctx.shapes]), grads, ctx.shapes):
-            if g is None:
-                part.zero_()
-            else:
-                part.view(*shape, -1).copy_(g)
-        return grad, None
-
-
-def gsa_reference(q: Tensor, k: Tensor, v: Tensor, table_col: Tensor, table_row: Tensor,
-                  norm=None) -> Tensor:
-    """Content + column->norm->row attention with explicit loops over pixels.
-
-    Slow and written straight from the GSA paper's equations; tests only.
-    """
-    B, Nh, dk, H, W = q.shape
-    mc, mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
-
-    def clip(off, m):
-        return max(-(m - 1), min(m - 1, off)) + m - 1
-
-    ksoft = k.reshape(B, Nh, dk, H * W).softmax(-1).reshape(k.shape)
-    content = torch.zeros(v.shape, dtype=v.dtype)
-    col = torch.zeros(v.shape, dtype=v.dtype)
-    for x in range(H):
-        for y in range(W):
-            for i in range(H):
-                for j in range(W):
-                    w = (q[:, :, :, x, y] * ksoft[:, :, :, i, j]).sum(2, keepdim=True)  # [B, Nh, 1]
-                    content[:, :, :, x, y] += w * v[:, :, :, i, j]
-            for i in range(H):
-                s = (q[:, :, :, x, y] * table_col[clip(i - x, mc)]).sum(2, keepdim=True)
-                col[:, :, :, x, y] += s * v[:, :, :, i, y]
-    if norm is not None:
-        col = norm(col.reshape(B, -1, H, W)).reshape(col.shape)
-    row = torch.zeros(v.shape, dtype=v.dtype)
-    for x in range(H):
-        for y in range(W):
-            for j in range(W):
-                s = (q[:, :, :, x, y] * table_row[clip(j - y, mr)]).sum(2, keepdim=True)
-                row[:, :, :, x, y] += s * col[:, :, :, x, j]
-    return content + row
 
 
 @MODELS.register_module('GSA')
@@ -381,8 +285,14 @@ class GlobalSelfAttention2d(BaseModule):
     Args:
         in_channels (int): input channels.
         out_channels (int): output (= value) channels.
-        kernel_size, padding, dilation, groups, bias: accepted for the conv
-            signature; ignored.
+        kernel_size (int): kernel of the convolution it replaces, odd; the
+            attention is global, so every odd size builds the same module.
+            Defaults to 3.
+        padding (int, optional): None or that convolution's 'same' padding,
+            ``(kernel_size - 1) // 2``: the output keeps the input's size.
+        dilation, groups, bias: the neutral values only (1, 1, False): the
+            module has no window to dilate, mixes every channel and has no
+            bias; other values are refused.
         stride (int): 1, or 2 for the 2x2 average pool (stride 2) that follows
             the module in the first block of a ResNet stage (GSA Sec. 4).
             ``ceil_mode`` keeps odd sizes equal to a strided conv's.
@@ -446,6 +356,13 @@ class GlobalSelfAttention2d(BaseModule):
             raise ValueError(f'GlobalSelfAttention2d: axial_scale must be one of {AXIAL_SCALES}, got {axial_scale!r}')
         if stride not in (1, 2):
             raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
+        if kernel_size % 2 != 1 or padding not in (None, (kernel_size - 1) // 2):
+            raise ValueError(f"GlobalSelfAttention2d: kernel_size={kernel_size}, padding={padding} is not a 'same' "
+                             f"convolution's: use an odd kernel_size and padding None or {(kernel_size - 1) // 2}")
+        for name, value, neutral in (('dilation', dilation, 1), ('groups', groups, 1), ('bias', bias, False)):
+            if value != neutral:
+                raise ValueError(f'GlobalSelfAttention2d: {name}={value!r} is not supported (global attention has '
+                                 f'no dilation, groups or bias); use {name}={neutral!r}')
         if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
             raise ValueError(f'GlobalSelfAttention2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -528,21 +445,12 @@ class GlobalSelfAttention2d(BaseModule):
         super().init_weights()
         self.reset_relative()
 
-    def qkv_heads(self, x: Tensor):
-        """``q, k`` ``[B, Nh, dkh, H, W]`` and ``v`` ``[B, Nh, dvh, H, W]``."""
-        B, _, H, W = x.shape
-        q, k, v = self.qkv(x).split([self.key_channels, self.key_channels, self.out_channels], 1)
-        return (t.reshape(B, self.num_heads, -1, H, W) for t in (q, k, v))
-
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
         qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
         args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels),
                 compute_dtype(qkv.dtype, kernel_device(qkv.device.type)), tuple(self.operands.values()))
-        if torch.is_grad_enabled() and not graph_mode():
-            ops = dict(zip(self.operands, _GSAOperands.apply(*args)))
-        else:  # inference, compile and export: the same tensors, autograd's own backward
-            ops = dict(zip(self.operands, gsa_operands(*args)))
+        ops = dict(zip(self.operands, gsa_operands(*args)))
         # with a column branch, content attention's product with q runs in its kernel
         alone = 'content' in self.components and 'column' not in self.components
         out = content_attention(ops['q'], ops['k'], ops['v']) if alone else 0
@@ -576,56 +484,3 @@ class GlobalSelfAttention2d(BaseModule):
         if self.stride == 2:
             out = F.avg_pool2d(out, 2, 2, ceil_mode=True)
         return out
-
-    def attention_weights(self, x: Tensor, queries: Tensor) -> dict:
-        """Per-head attention maps of chosen pixels, for visualisation (cf. AA Fig. 10).
-
-        Computed on a separate path; :meth:`forward` is unchanged by it.
-
-        * ``content``: weight of pixel ``j`` in query ``i``'s output,
-          ``q_i . softmax_positions(K)_j`` (eq. (1); not normalised, may be < 0).
-        * ``positional``: column then row weights composed, ``W[(x, y) <- (i, j)] =
-          (q_xy . R_row[j - y]) * (q_xj . R_col[i - x])`` (eq. (2)); the norm
-          between the two sub-layers is a per-channel affine map and is left out.
-
-        Args:
-            x (Tensor): ``[B, C, H, W]`` input of this module.
-            queries (Tensor): ``[P, 2]`` long (row, col) pixel positions.
-
-        Returns:
-            dict[str, Tensor]: maps of shape ``[B, Nh, P, H, W]``.
-        """
-        q, k, _ = self.qkv_heads(x)
-        B, Nh, _, H, W = q.shape
-        with torch.no_grad():  # a look, never a learning pass
-            table_col = self.relative_table('column', H) if hasattr(self, 'rel_col') else None
-            table_row = self.relative_table('row', W) if hasattr(self, 'rel_row') else None
-        rows, cols = queries[:, 0], queries[:, 1]
-        q_p = q[..., rows, cols]  # [B, Nh, dkh, P]
-        maps = {}
-        if 'content' in self.components:
-            k_soft = k.flatten(-2).softmax(-1)  # [B, Nh, dkh, HW]
-            maps['content'] = torch.einsum('bnkp,bnkq->bnpq', q_p, k_soft).reshape(B, Nh, -1, H, W)
-        col = row = None
-        if 'column' in self.components:
-            emb = table_col[relative_index(H, (table_col.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
-            # column weights of every pixel (x_p, j) of the query's row, over rows i
-            col = torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb)  # [B, Nh, P, H, W]
-            factor = self.axial_factor('column', H)
-            col = col if factor is None else col * factor
-        if 'row' in self.components:
-            emb = table_row[relative_index(W, (table_row.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
-            row = torch.einsum('bnkp,pjk->bnpj', q_p, emb)  # [B, Nh, P, W]
-            factor = self.axial_factor('row', W)
-            row = row if factor is None else row * factor
-        if col is not None and row is not None:
-            maps['positional'] = col * row[:, :, :, None, :]
-        elif col is not None:  # column only: the query's own column
-            mask = torch.zeros(len(cols), 1, W, dtype=col.dtype, device=col.device)
-            mask[torch.arange(len(cols)), 0, cols] = 1
-            maps['positional'] = col * mask
-        elif row is not None:  # row only: the query's own row
-            out = torch.zeros(B, Nh, len(rows), H, W, dtype=row.dtype, device=row.device)
-            out[:, :, torch.arange(len(rows)), rows, :] = row
-            maps['positional'] = out
-        return maps

@@ -23,8 +23,9 @@ Example:
     ...     print(dev, choose_impl(dev, 10 ** 6, torch.bfloat16), axial_chunk_elems(dev) == CUDA_AXIAL_ELEMS)
     cuda sdpa True
 """
+import functools
 from contextlib import contextmanager
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -81,27 +82,32 @@ def graph_mode() -> bool:
     return is_capturing_graph()
 
 
-def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
-    """The fastest exact AA kernel for ``num_logits = B * Nh * (HW)^2`` under policy ``device_type``.
+def size_constant(build: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
+    """``build(*args, **kwargs)``: a constant of the map size (a relative-offset index, the fused
+    kernel's one-hot columns, a zero to expand). Cached per arguments outside a captured graph (no
+    kernel after a size's first step); built in the graph while one is captured (no size baked in)."""
+    if graph_mode():
+        return build(*args, **kwargs)
+    return _cached_constant(build, *args, **kwargs)
 
-    * CPU: 'blocked', for all sizes and dtypes: no fused kernel has a backward there,
-      and its 16 MiB blocks beat the materialised form where both fit (README,
-      ``benchmarks/attention_memory.py``).
-    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size. The
-      fused kernel runs on the low-precision inputs with float32 logits inside;
-      the materialised form would need float32 logits, off the tensor cores (an
-      H100 one-layer measurement in issue 11: fused fp32 8.8 ms, bf16 1.75 ms).
-    * CUDA in float32: 'materialized' while the logits are at most
-      ``CUDA_MATERIALIZE_ELEMS`` (64 MiB: small maps such as stage 4 and
-      ImageNet's 14x14), where plain matmuls beat the folded kernel's ``H + W``
-      extra head dims (H100, RetinaNet AA-R50 at 640x640: 0.085 s per step
-      materialised vs 0.114 s folded); above that 'sdpa', whose fused kernel never
-      stores the logits (one 8-head layer at 128x128: 0.8 GiB vs 32 GiB).
-    * While a graph is captured (:func:`graph_mode`), 'sdpa' on every device: one fused op,
-      no loop over query blocks whose count depends on the map size.
-    * In the TorchScript ONNX exporter, 'materialized': ONNX has no fused attention, so the
-      exporter would decompose SDPA into the same matmuls and softmax, with ``H + W`` more
-      head dims (and torch 2.1's SDPA symbolic fails on an explicit ``scale``).
+
+#: the constants of the sizes seen last (multiscale jitter: a few sizes per stage and axis)
+_cached_constant = functools.lru_cache(maxsize=256)(lambda build, *args, **kwargs: build(*args, **kwargs))
+
+
+def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
+    """The fastest exact AA kernel for ``num_logits = B * Nh * (HW)^2`` under policy ``device_type``
+    (the measurements behind each choice: docs/design.md, "Precision under AMP").
+
+    * CPU: 'blocked' at all sizes and dtypes: no fused kernel has a backward there, and its
+      16 MiB blocks beat the materialised form where both fit.
+    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size, on the
+      low-precision inputs with float32 logits inside the fused kernel.
+    * CUDA in float32: 'materialized' up to ``CUDA_MATERIALIZE_ELEMS`` logits (plain matmuls
+      beat the folded kernel's ``H + W`` extra head dims on small maps), 'sdpa' above (the
+      fused kernel never stores the logits).
+    * While a graph is captured (:func:`graph_mode`): 'sdpa', no loop over query blocks.
+    * In the TorchScript ONNX exporter: 'materialized' (ONNX has no fused attention).
     """
     if torch.onnx.is_in_onnx_export():
         return 'materialized'

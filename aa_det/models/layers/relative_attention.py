@@ -12,33 +12,20 @@ add them to the content logits by broadcasting, one bounded block of queries at
 a time, so no function here holds ``B * Nh * (HW)^2`` numbers unless that is
 within ``block_elems``.
 
-Embedding tables are not tied to an input size: a table of ``2 * max_dist - 1``
-rows covers offsets ``-(max_dist - 1) .. max_dist - 1`` and larger offsets are
-clipped to the ends (Shaw et al., 2018), so the same weights serve 7x7 and 100x160
-feature maps. Within ``max_dist`` the result equals the paper's per-size tables.
+Tables of ``2 * max_dist - 1`` rows cover offsets ``-(max_dist - 1) .. max_dist - 1``; larger
+offsets clip to the ends (Shaw et al., 2018), so the same weights serve any map size.
 
-Four exact implementations of one function; `relative_attention` picks one:
+Three exact kernels of one function, each tested against a loop reference written from eq. (3)
+(``tests/kernel_references.py``); :func:`relative_attention` picks one by the device policy
+(:mod:`.kernel_policy`), which also sets the dtype (float32; the fused kernel under CUDA autocast
+takes the autocast dtype, with float32 logits inside):
 
-* :func:`attention_reference` - loops straight from eq. (3); slow, for tests.
-* :func:`attention_materialized` - the paper's form: all logits at once.
-* :func:`attention_blocked` - query blocks; the forward keeps each query's
-  log-sum-exp and the backward recomputes one block of logits at a time
-  (flash-attention style), so peak memory grows linearly in HW.
-  Default on the CPU, where ``flex_attention`` has no backward and SDPA with an
-  additive bias materialises the bias.
-* :func:`attention_sdpa_folded` - the relative tables are folded into plain
-  dot-product attention (``q' = [q, rel_h, rel_w]``, ``k' = [k, onehot(h_j),
-  onehot(w_j)]``), which fused CUDA kernels accept; default on CUDA for large
-  maps, and at every size under fp16 / bf16 autocast (:func:`choose_impl`).
-
-Kernel, precision and block sizes come from the device policy
-(:mod:`.kernel_policy`: :func:`choose_impl`, :func:`kernel_dtype`): every kernel computes
-in float32 (float64 inputs stay float64), except the fused one on CUDA under autocast,
-which takes the autocast dtype: its logits, softmax and accumulation stay float32 inside
-the kernel (as PyTorch's own SDPA under AMP), so low-precision inputs bring tensor cores
-without the fp16 overflow of materialised fp16 logits.
+* :func:`attention_materialized`: the paper's form, all logits at once.
+* :func:`attention_blocked`: query blocks, flash-style (the backward recomputes one block of logits
+  at a time), so peak memory grows linearly in HW; the CPU's kernel.
+* :func:`attention_sdpa_folded`: the relative logits folded into fused dot-product attention
+  (``q' = [q, rel_h, rel_w]``, ``k' = [k, onehot(h_j), onehot(w_j)]``); CUDA's.
 """
-import functools
 import math
 from typing import Optional, Tuple
 
@@ -48,12 +35,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype, eye
-from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype
+from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype, size_constant
 
-__all__ = ['relative_attention', 'relative_logits_2d', 'relative_logits_5d', 'relative_logits_skewed',
-           'relative_index', 'relative_embeddings', 'attention_reference', 'attention_materialized',
+__all__ = ['IMPLS', 'relative_attention', 'relative_logits_2d', 'relative_logits_5d',
+           'relative_index', 'relative_embeddings', 'attention_materialized',
            'attention_blocked', 'attention_sdpa_folded', 'choose_impl', 'kernel_dtype', 'init_relative_table']
 
+#: ``relative_attention``'s kernels ('auto': :func:`choose_impl`)
+IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
 #: Default bound on ``B * Nh * queries * keys`` logits the 'blocked' kernel holds at once (the
 #: CPU policy's, 16 MiB in fp32). A smaller bound would make small maps (20x20, batch 2) pay
 #: the blocked backward's recomputation.
@@ -88,19 +77,7 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
     M = (table.shape[0] + 1) // 2
-    if graph_mode():  # built in the graph: no size baked in as a constant
-        return F.embedding(relative_index(length, M, table.device), table)
-    return F.embedding(_cached_relative_index(length, M, torch.device(table.device)), table)
-
-
-#: :func:`relative_index` of the sizes seen last (multiscale jitter: a few per stage and axis)
-_cached_relative_index = functools.lru_cache(maxsize=64)(relative_index)
-
-
-def _offset_rows(length: int, max_dist: int, device) -> Tensor:
-    """Row of each offset ``-(L - 1) .. L - 1`` in a ``2M - 1`` row table, clipped to its ends:
-    ``[2L - 1]`` long."""
-    return torch.arange(1 - length, length, device=device).clamp(1 - max_dist, max_dist - 1) + max_dist - 1
+    return F.embedding(size_constant(relative_index, length, M, table.device), table)
 
 
 def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -134,95 +111,6 @@ def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
             rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4))
 
 
-def relative_logits_skewed(q: Tensor, table_h: Tensor, table_w: Tensor,
-                           dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
-    """:func:`relative_logits_5d` as two strided views of one GEMM: what the fused CUDA path uses.
-
-    ``q`` meets the rows of both tables in one product; query ``(h_i, w_i)`` reads its ``H``
-    (``W``) offsets ``h - h_i`` from a window of columns that moves one column back per query
-    row, which a stride of ``row stride - 1`` expresses without a copy (the skew of Huang et al.,
-    2018, as a view). Where the tables cover every offset of the map (``H <= Mh`` and
-    ``W <= Mw``: the whole table in a learning pass, :class:`TrainedOffsetRange`), the product
-    takes both tables whole (``2Mh + 2Mw - 2`` columns, few next to the attention's ``HW``), so
-    their gradient needs no slice of its own; where offsets clip, it takes the ``2H + 2W - 2``
-    rows of offsets ``-(H - 1) .. H - 1`` and ``-(W - 1) .. W - 1`` in one gather (the end rows
-    repeated). Four ops in the forward (tables, ``q`` in their dtype, the GEMM, its rounding to
-    ``dtype``), five with the gather, whatever the map size. Eager only: ``as_strided`` views
-    bake sizes into a captured graph, which takes :func:`relative_logits_5d`.
-
-    Args:
-        q (Tensor): ``[B, Nh, H, W, d]`` queries.
-        table_h (Tensor): ``[2 * Mh - 1, d]`` height embeddings.
-        table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
-        dtype (torch.dtype, optional): the logits are computed in the tables' dtype and
-            rounded to ``dtype`` in one cast (the fused kernel's operand); their gradient
-            returns in the tables' dtype. Defaults to the tables' dtype.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, H, W, H]`` and ``rel_w`` ``[B, Nh, H, W, W]``,
-        as :func:`relative_logits_5d`.
-    """
-    B, Nh, H, W, d = q.shape
-    Mh, Mw = (table_h.shape[0] + 1) // 2, (table_w.shape[0] + 1) // 2
-    rows = torch.cat([table_h, table_w])  # [2Mh - 1 + 2Mw - 1, d]
-    if H <= Mh and W <= Mw:  # offset -(H - 1) at column Mh - H, -(W - 1) at 2Mh - 1 + Mw - W
-        first_h, first_w = Mh - H, 2 * Mh - 1 + Mw - W
-    else:  # clipped offsets: [2H - 1 + 2W - 1, d]
-        rows = F.embedding(_skewed_rows(H, Mh, W, Mw, rows.device), rows)
-        first_h, first_w = 0, 2 * H - 1
-    qr = packed(q, rows.dtype).view(-1, d) @ rows.t()  # [B * Nh * H * W, columns]
-    sb, sn, sh, sw = Nh * H * W * qr.shape[1], H * W * qr.shape[1], W * qr.shape[1], qr.shape[1]
-    return _SkewedViews.apply(qr, rows.dtype if dtype is None else dtype,
-                              ((B, Nh, H, W, H), (sb, sn, sh - 1, sw, 1), first_h + H - 1),  # col h - h_i + ..
-                              ((B, Nh, H, W, W), (sb, sn, sh, sw - 1, 1), first_w + W - 1))
-
-
-@functools.lru_cache(maxsize=64)
-def _skewed_rows(H: int, Mh: int, W: int, Mw: int, device: torch.device) -> Tensor:
-    """Rows of both tables (concatenated) for offsets ``-(H - 1) .. H - 1`` and ``-(W - 1) ..
-    W - 1``, clipped: ``[2H - 1 + 2W - 1]`` long, cached (eager only)."""
-    return torch.cat([_offset_rows(H, Mh, device), _offset_rows(W, Mw, device) + 2 * Mh - 1])
-
-
-class _SkewedViews(torch.autograd.Function):
-    """``as_strided`` views of ``source`` cast to ``dtype``, whose gradient is one tensor in
-    ``source``'s dtype: the views' gradients written into one zero tensor (three ops, the cast
-    back included; autograd's own ``as_strided`` backward takes two per view, an add and a cast)."""
-
-    @staticmethod
-    def forward(ctx, source, dtype, *geometries):
-        ctx.shape, ctx.dtype, ctx.geometries = source.shape, source.dtype, geometries
-        source = source.to(dtype)
-        return tuple(source.as_strided(*g) for g in geometries)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        grad = next(g for g in grads if g is not None).new_zeros(ctx.shape, dtype=ctx.dtype)
-        for g, geometry in zip(grads, ctx.geometries):
-            if g is not None:
-                grad.as_strided(*geometry).copy_(g)
-        return (grad, None, *(None for _ in ctx.geometries))
-
-
-class _TwinCopy(torch.autograd.Function):
-    """``t`` and a contiguous copy of it in ``dtype`` (the relative logits' float32 ``q`` beside the
-    fused kernel's low-precision one), whose two gradients return as one in ``t``'s dtype, in one
-    op (autograd would cast the copy's gradient back, then add)."""
-
-    @staticmethod
-    def forward(ctx, t, dtype):
-        ctx.dtype = t.dtype
-        return t.view_as(t), packed(t, dtype)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad, grad_copy):
-        if grad is None or grad_copy is None:
-            return (grad if grad_copy is None else grad_copy.to(ctx.dtype)), None
-        return torch.add(grad, grad_copy, out=torch.empty_like(grad, memory_format=torch.contiguous_format)), None
-
-
 def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
     """Per-query relative logits along height and width (eq. (3), S^H and S^W).
 
@@ -238,37 +126,6 @@ def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
     B, Nh, H, W, _ = q.shape
     rel_h, rel_w = relative_logits_5d(q, table_h, table_w)
     return rel_h.reshape(B, Nh, H * W, H), rel_w.reshape(B, Nh, H * W, W)
-
-
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
-                        table_w: Optional[Tensor], H: int, W: int) -> Tensor:
-    """Eq. (3) with explicit loops over query and key positions. Slow; tests only.
-
-    Args:
-        q, k (Tensor): ``[B, Nh, HW, d]``, ``q`` already scaled.
-        v (Tensor): ``[B, Nh, HW, dv]``.
-        table_h, table_w (Tensor | None): relative tables, or None for no
-            position term.
-
-    Returns:
-        Tensor: ``[B, Nh, HW, dv]``.
-    """
-    out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
-    for i in range(H * W):
-        hi, wi = divmod(i, W)
-        logits = []
-        for j in range(H * W):
-            hj, wj = divmod(j, W)
-            logit = (q[:, :, i] * k[:, :, j]).sum(-1)
-            if table_h is not None:
-                mh, mw = (table_h.shape[0] + 1) // 2, (table_w.shape[0] + 1) // 2
-                dh = max(-(mh - 1), min(mh - 1, hj - hi)) + mh - 1
-                dw = max(-(mw - 1), min(mw - 1, wj - wi)) + mw - 1
-                logit = logit + (q[:, :, i] * table_h[dh]).sum(-1) + (q[:, :, i] * table_w[dw]).sum(-1)
-            logits.append(logit)
-        weights = torch.stack(logits, -1).softmax(-1)  # [B, Nh, HW]
-        out[:, :, i] = torch.einsum('bnj,bnjd->bnd', weights, v)
-    return out
 
 
 def _add_relative(logits: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor], H: int,
@@ -430,14 +287,14 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
         if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
             pad += 8
         rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
-        columns = _fold_columns(H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
+        columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
         if dtype == torch.float16:
             fold = _fp16_fold_scale(rel_h, rel_w)
             rel_h, rel_w = rel_h / fold, rel_w / fold
             columns = columns * fold.to(dtype)
         zeros = _zeros(dtype, q.device).expand(B, Nh, H, W, pad)
-        q = torch.cat([q.view(B, Nh, H, W, d), rel_h, rel_w, zeros],
-                      dim=-1).to(dtype).view(B, Nh, N, -1)  # [B, Nh, HW, d + H + W + pad]
+        q = torch.cat([q.to(dtype).view(B, Nh, H, W, d), rel_h.to(dtype), rel_w.to(dtype), zeros],
+                      dim=-1).view(B, Nh, N, -1)  # [B, Nh, HW, d + H + W + pad]
         k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out[..., :dv]
@@ -445,35 +302,15 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
 
 def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
     """The key side's folded columns ``[H, W, H + W + pad]``: ``onehot(h_j)``, ``onehot(w_j)``,
-    ``pad`` zeros; a constant, cached per size, dtype and device outside a captured graph
-    (no kernel launched after a size's first step)."""
-    if graph_mode():
-        return _build_fold_columns(H, W, pad, dtype, device)
-    return _cached_fold_columns(H, W, pad, dtype, torch.device(device))
-
-
-def _build_fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
+    ``pad`` zeros; a constant of the map size (:func:`size_constant`)."""
     one_h = eye(H, H, dtype, device)[:, None, :].expand(H, W, H)  # [H (h_j), W, H]
     one_w = eye(W, W + pad, dtype, device).expand(H, W, W + pad)  # [H, W (w_j), W + pad]
     return torch.cat([one_h, one_w], dim=-1)
 
 
-#: the folded columns of the sizes seen last (multiscale jitter: a few sizes per stage); at most
-#: a few MiB each
-_cached_fold_columns = functools.lru_cache(maxsize=32)(_build_fold_columns)
-
-
 def _zeros(dtype: torch.dtype, device) -> Tensor:
-    """A 0-d zero to expand into padding columns; cached outside a captured graph (no fill
-    kernel per call)."""
-    if graph_mode():
-        return torch.zeros((), dtype=dtype, device=device)
-    return _cached_zeros(dtype, torch.device(device))
-
-
-@functools.lru_cache(maxsize=None)
-def _cached_zeros(dtype: torch.dtype, device: torch.device) -> Tensor:
-    return torch.zeros((), dtype=dtype, device=device)
+    """A 0-d zero to expand into padding columns (:func:`size_constant`: no fill kernel per call)."""
+    return size_constant(torch.zeros, (), dtype=dtype, device=device)
 
 
 def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
@@ -510,8 +347,8 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings
             shared by the heads, or None for position-free attention.
         H, W (int): spatial size, ``H * W == HW``.
-        impl (str): 'auto' (:func:`choose_impl`), 'blocked',
-            'sdpa', 'materialized' or 'reference'. Defaults to 'auto'.
+        impl (str): 'auto' (:func:`choose_impl`), 'blocked', 'sdpa' or 'materialized'.
+            Defaults to 'auto'.
         block_elems (int): logits held at once by 'blocked'.
         scale (float): the logits' factor: ``d ** -0.5`` for unscaled ``q``, which the fused
             kernel applies inside (no op of its own); 1.0 for ``q`` already scaled.
@@ -527,28 +364,14 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         B, Nh, N, _ = q.shape
         impl = choose_impl(device, B * Nh * N * N, amp_dtype)
     dtype = kernel_dtype(device, impl, q.dtype, amp_dtype)
-    # the relative logits in float32 (float64 in tests), whatever the kernel's dtype
-    rel_dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
         if impl != 'sdpa' and scale != 1.0:
             q = q * scale
-        if impl == 'reference':
-            tables = (None, None) if table_h is None else (table_h.to(dtype), table_w.to(dtype))
-            return attention_reference(q.to(dtype), k.to(dtype), v.to(dtype), *tables, H, W).to(out_dtype)
         rel_h = rel_w = None
-        if table_h is not None:
-            if impl != 'sdpa':
-                rel = relative_logits_2d
-            else:  # the skewed views in eager; a captured graph takes the gathered embeddings
-                rel = relative_logits_5d if graph_mode() else relative_logits_skewed
-            q_rel = q
-            if rel is relative_logits_skewed and q.dtype != rel_dtype:  # q's two gradients meet in one op
-                q, q_rel = _TwinCopy.apply(q, rel_dtype)
-            q5, tables = q_rel.view(*q.shape[:2], H, W, q.shape[-1]), (table_h.to(rel_dtype), table_w.to(rel_dtype))
-            if rel is relative_logits_skewed and dtype != torch.float16:  # float16 folds them scaled first
-                rel_h, rel_w = rel(q5, *tables, dtype)  # rounded to the kernel's dtype in the skew's op
-            else:
-                rel_h, rel_w = rel(q5, *tables)
+        if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
+            rel_dtype = torch.promote_types(q.dtype, torch.float32)
+            rel = relative_logits_5d if impl == 'sdpa' else relative_logits_2d  # the fused kernel reads any layout
+            rel_h, rel_w = rel(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype), table_w.to(rel_dtype))
         if impl == 'sdpa':
             out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype, scale)
         elif impl in ('blocked', 'materialized'):
@@ -558,8 +381,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
             else:
                 out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
         else:
-            raise ValueError(f"impl must be 'auto', 'blocked', 'sdpa', 'materialized' or "
-                             f"'reference', got {impl!r}")
+            raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
     return out.to(out_dtype)
 
 

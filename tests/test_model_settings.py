@@ -220,6 +220,44 @@ def test_gsa_max_rel_dist_must_be_an_int():
         MODELS.build(dict(type='GSAResNet', depth=26, attention=dict(max_rel_dist=32.0)))
 
 
+def test_aa_dilated_stage_dilates_the_conv_part():
+    """mmdet's dilated last stage (DC5: ``strides=(1, 2, 2, 1)``, ``dilations=(1, 1, 1, 2)``): the AA
+    conv's convolutional half is dilated, its attention is global; the output size is mmdet's ResNet's."""
+    dc5 = dict(depth=18, base_channels=8, strides=(1, 2, 2, 1), dilations=(1, 1, 1, 2))
+    model = MODELS.build(dict(TINY_AA, **dc5))
+    assert model.layer4[0].conv1.conv.dilation == (2, 2)
+    x = torch.rand(1, 3, 64, 64)
+    assert model(x)[-1].shape[-2:] == MODELS.build(dict(type='ResNet', **dc5))(x)[-1].shape[-2:]
+
+
+def test_gsa_refuses_a_dilated_stage_in_one_line():
+    with pytest.raises(ValueError, match=r'^GlobalSelfAttention2d: dilation=2 is not supported \(global attention '
+                                         r'has no dilation, groups or bias\); use dilation=1$'):
+        MODELS.build(dict(type='GSAResNet', depth=26, base_channels=8, attention=dict(num_heads=2),
+                          strides=(1, 2, 2, 1), dilations=(1, 1, 1, 2)))
+
+
+@pytest.mark.parametrize('build, error', [
+    (lambda: AAConv2d(8, 16, 3, padding=0, num_heads=2, min_key_dim_per_head=2),
+     r"^AAConv2d: padding=0 is not supported: the attention branch keeps 'same' padding, 1 for kernel_size=3"),
+    (lambda: GlobalSelfAttention2d(8, 8, 3, padding=2, num_heads=2),
+     r"^GlobalSelfAttention2d: kernel_size=3, padding=2 is not a 'same' convolution's"),
+    (lambda: GlobalSelfAttention2d(8, 8, 3, bias=True, num_heads=2), r'^GlobalSelfAttention2d: bias=True is not supported'),
+    (lambda: GlobalSelfAttention2d(8, 8, 3, groups=2, num_heads=2), r'^GlobalSelfAttention2d: groups=2 is not supported'),
+    (lambda: AAConv2d(8, 16, 3, impl='flash', num_heads=2, min_key_dim_per_head=2),
+     r"^AAConv2d: impl must be one of \('auto', 'blocked', 'sdpa', 'materialized'\), got 'flash'"),
+])
+def test_conv_arguments_the_attention_layers_do_not_honour_are_refused(build, error):
+    with pytest.raises(ValueError, match=error):
+        build()
+
+
+def test_attention_layers_take_a_same_convs_arguments():
+    """What mmdet's blocks pass (kernel 3, padding = dilation) and any odd 'same' kernel build."""
+    assert AAConv2d(8, 16, 3, padding=2, dilation=2, num_heads=2, min_key_dim_per_head=2).conv.padding == (2, 2)
+    assert GlobalSelfAttention2d(8, 8, 1, padding=0, num_heads=2)(torch.rand(1, 8, 5, 6)).shape == (1, 8, 5, 6)
+
+
 # --- attention keys -------------------------------------------------------------------------
 
 def test_aa_keys_left_in_a_gsa_backbone_are_named():

@@ -1,9 +1,7 @@
 """Attention augmented convolution.
 
-Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, Sec. 3 and
-Fig. 2: ``AAConv(X) = Concat[Conv(X), MHA(X)]`` where the convolution keeps
-``out_channels - dv`` filters and the multi-head 2D self-attention (eq. (1)-(3))
-gives ``dv`` channels.
+Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, Sec. 3 and Fig. 2:
+``AAConv(X) = Concat[Conv(X), MHA(X)]``, ``out_channels - dv`` conv filters and ``dv`` attention channels.
 
 Example:
     >>> import torch
@@ -62,69 +60,44 @@ def _heads(t: Tensor, num_heads: int) -> Tensor:
 class AAConv2d(BaseModule):
     """Attention augmented convolution (AA paper, Sec. 3.3, Fig. 2).
 
-    It has the signature of ``nn.Conv2d`` so that mmcv's ``build_conv_layer``
-    builds it from ``dict(type='AAConv', ...)``.
+    Has ``nn.Conv2d``'s signature so ``build_conv_layer`` builds it from ``dict(type='AAConv', ...)``.
 
     Args:
         in_channels (int): ``F_in``.
         out_channels (int): ``F_out`` of the convolution it replaces.
         kernel_size (int): kernel of the convolutional part. Defaults to 3.
-        stride (int): 1 or 2. The convolution is strided; the attention input
-            is reduced by a 3x3 average pool with the same stride first, which
-            gives exactly the strided convolution's output size. Defaults to 1.
-        padding (int, optional): None or 'same' padding, ``dilation * (kernel_size - 1) // 2``
-            (what the attention branch's output size needs); other values are refused.
-            Defaults to None.
+        stride (int): 1 or 2: the convolution is strided, the attention input pooled (3x3 average,
+            same stride) to the same output size. Defaults to 1.
+        padding (int, optional): None or 'same' padding, ``dilation * (kernel_size - 1) // 2``; other
+            values are refused. Defaults to None.
         dilation (int): dilation of the convolutional part. Defaults to 1.
         groups (int): must be 1.
         bias (bool): bias of the convolutional part. Defaults to False.
         key_ratio (float): ``kappa = dk / F_out``, at least 0. Defaults to 0.2.
-        value_ratio (float): ``upsilon = dv / F_out``, in ``(0, 1]``; 1.0 makes the layer fully
-            attentional. Below 1, ``dv`` must round to fewer than ``out_channels``
-            (the convolutional part keeps ``out_channels - dv``). Defaults to 0.1.
+        value_ratio (float): ``upsilon = dv / F_out``, in ``(0, 1]`` (1.0: fully attentional; below 1, ``dv``
+            must round to fewer than ``out_channels``). Defaults to 0.1.
         num_heads (int): ``Nh``, at least 1. Defaults to 8.
-        min_key_dim_per_head (int): lower bound on ``dkh`` (the paper's "minimum
-            of 20 dimensions per head for the keys"). Defaults to 20.
+        min_key_dim_per_head (int): lower bound on ``dkh`` (the paper's 20). Defaults to 20.
         key_channels (int, optional): explicit ``dk``, overrides ``key_ratio``.
         value_channels (int, optional): explicit ``dv``, overrides ``value_ratio``.
-        position (str): 'relative' (eq. (3)), 'none', 'sine' (2D sinusoids
-            added to the attention input) or 'coord' (CoordConv x, y, r
-            channels appended to it). Defaults to 'relative'.
-        max_rel_dist (int): relative tables cover offsets up to
-            ``max_rel_dist - 1``; larger offsets are clipped. At test time they
-            clip at the largest offset training reached
-            (:class:`TrainedOffsetRange`). Defaults to 64.
-        attn_downsample (bool): 3x3 average pool (stride 2) before the
-            attention and bilinear upsampling after it. Defaults to False.
-        impl (str): attention kernel, see :func:`relative_attention`.
-            Defaults to 'auto'.
-        conv_cfg (dict, optional): config of the convolutional part for mmcv's
-            ``build_conv_layer``, e.g. ``dict(type='DCN', deform_groups=1)`` for
-            ``concat[DCN(X), MHA(X)]``. Defaults to None (``nn.Conv2d``).
+        position (str): 'relative' (eq. (3)), 'none', 'sine' (2D sinusoids added to the attention input)
+            or 'coord' (CoordConv x, y, r channels appended to it). Defaults to 'relative'.
+        max_rel_dist (int): relative tables cover offsets up to ``max_rel_dist - 1``; larger ones clip (at test
+            time, at the largest trained offset: :class:`TrainedOffsetRange`). Defaults to 64.
+        attn_downsample (bool): 3x3 average pool (stride 2) before the attention and bilinear
+            upsampling after it. Defaults to False.
+        impl (str): attention kernel, see :func:`relative_attention`. Defaults to 'auto'.
+        conv_cfg (dict, optional): ``build_conv_layer`` config of the convolutional part, e.g.
+            ``dict(type='DCN', deform_groups=1)``. Defaults to None (``nn.Conv2d``).
         init_cfg (dict, optional): mmengine init config. Defaults to None.
     """
 
-    def __init__(self,
-                 in_channels: int,
-                 out_channels: int,
-                 kernel_size: int = 3,
-                 stride: int = 1,
-                 padding: Optional[int] = None,
-                 dilation: int = 1,
-                 groups: int = 1,
-                 bias: bool = False,
-                 key_ratio: float = 0.2,
-                 value_ratio: float = 0.1,
-                 num_heads: int = 8,
-                 min_key_dim_per_head: int = 20,
-                 key_channels: Optional[int] = None,
-                 value_channels: Optional[int] = None,
-                 position: str = 'relative',
-                 max_rel_dist: int = 64,
-                 attn_downsample: bool = False,
-                 impl: str = 'auto',
-                 conv_cfg: Optional[dict] = None,
-                 init_cfg: Optional[dict] = None):
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
+                 padding: Optional[int] = None, dilation: int = 1, groups: int = 1, bias: bool = False,
+                 key_ratio: float = 0.2, value_ratio: float = 0.1, num_heads: int = 8, min_key_dim_per_head: int = 20,
+                 key_channels: Optional[int] = None, value_channels: Optional[int] = None, position: str = 'relative',
+                 max_rel_dist: int = 64, attn_downsample: bool = False, impl: str = 'auto',
+                 conv_cfg: Optional[dict] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
         if key_channels is None and key_ratio < 0:
             raise ValueError(f'AAConv2d: key_ratio must be >= 0, got {key_ratio}')
@@ -188,10 +161,7 @@ class AAConv2d(BaseModule):
         self.offset_range.reset()
 
     def relative_tables(self, h: int, w: int):
-        """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use.
-
-        A learning pass records ``h``, ``w``; otherwise offsets beyond the largest trained
-        one clip to it (:class:`TrainedOffsetRange`).
+        """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use (:class:`TrainedOffsetRange`).
 
         Returns:
             tuple: ``[2 mh - 1, dkh]`` and ``[2 mw - 1, dkh]`` tables, or ``(None, None)``
@@ -249,8 +219,7 @@ class AAConv2d(BaseModule):
     def _project(self, attn: Tensor, h: int, w: int) -> Tensor:
         """``W^O`` (``proj``, a 1x1 conv) on the heads' outputs ``[B, Nh, hw, dvh]``.
 
-        While a graph is captured, one GEMM reads the kernel's output as it is: the 1x1 conv would
-        save a reshaped view of it for the backward, whose strides inductor cannot order with
+        In a captured graph, one GEMM: the conv's saved reshaped view has strides inductor cannot order with
         dynamic shapes (torch 2.14.1; docs/design.md, "Compiling and exporting").
 
         Returns:

@@ -40,10 +40,8 @@ AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
 
-    The softmax in float32 (or float64), the products in :func:`compute_dtype`. ``q`` is
-    read in :func:`axial_queries`'s layout, which column attention reads too: one copy of
-    ``q`` serves both (none here when ``q`` comes in that layout), and with a column branch
-    the product with ``q`` runs inside its kernel (:func:`column_attention`'s ``context``).
+    The softmax in float32 (or float64), the products in :func:`compute_dtype`; ``q`` in
+    :func:`axial_queries`'s layout, shared with column attention.
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
@@ -89,9 +87,8 @@ def _content_product(qc: Tensor, context: Tensor) -> Tensor:
 
 
 def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
-    """``q`` in ``dtype``, laid out ``[H, W, B, Nh, dkh]``: what column attention's GEMMs
-    (batched over ``H``, rows ``(W, B, Nh)``) and content attention's (batched over ``(B, Nh)``,
-    strided rows) read without a copy. One copy, none when ``q`` is laid out so already.
+    """``q`` in ``dtype``, laid out ``[H, W, B, Nh, dkh]`` for column and content attention's GEMMs
+    (one copy, none when ``q`` is laid out so already).
 
     Returns:
         Tensor: ``[H, W, B, Nh, dkh]``, contiguous.
@@ -99,10 +96,8 @@ def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
     return packed(q.permute(3, 4, 0, 1, 2), dtype)
 
 
-#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without
-#: another copy: column attention's (and content attention's) ``q`` (:func:`axial_queries`), row
-#: attention's ``q`` (column attention on transposed maps), content attention's ``v`` (``[B, Nh,
-#: dvh, HW]`` per head), column attention's ``v`` and, without a column branch, row attention's.
+#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
+#: ``q`` of column / content and of row attention, ``v`` of content, column and (without a column branch) row.
 AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
 CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
 
@@ -113,11 +108,9 @@ def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch
 
     Args:
         qkv (Tensor): ``[B, 2 dk + dv, H, W]``: ``q``, ``k``, ``v`` channels of ``sizes``.
-        layouts (Sequence[tuple]): ``(part, order)`` per operand: ``part`` 0 (``q``), 1 (``k``)
-            or 2 (``v``); ``order`` None for a view, else the memory order of a copy in
-            ``dtype`` (e.g. :data:`AXIAL_Q`), a copy even where the part is laid out so already
-            (content attention's ``v`` at batch 1): a view saved for the backward would keep the
-            whole qkv output alive.
+        layouts (Sequence[tuple]): ``(part, order)`` per operand: ``part`` 0 (``q``), 1 (``k``) or 2 (``v``);
+            ``order`` None for a view, else the memory order of a copy in ``dtype`` (e.g. :data:`AXIAL_Q`),
+            a copy always (a view saved for the backward would keep the whole qkv output alive).
 
     Returns:
         list[Tensor]: ``[B, Nh, d, H, W]`` each, the copies laid out in their ``order``.
@@ -149,14 +142,9 @@ class _AxialRelativeAttention(torch.autograd.Function):
     sequences ``g`` (one chunk when ``chunk`` covers them all); with a ``context``, content
     attention's product with the same ``q`` too (:func:`_content_product`).
 
-    Two batched GEMMs per chunk: the logits ``[L, g, L]`` batched over the query position
-    ``x`` (each reads its own row of absolute embeddings, so exactly the ``L`` offsets
-    used), then their product with the values, batched over ``g``. The forward keeps no
-    logits; the backward recomputes them chunk by chunk, so the ``[G, L, L]`` logits never
-    live across the forward and backward. ``emb`` comes in float32 (or float64) and its
-    gradient leaves in it: summed over all sequences and, by the gather that made ``emb``,
-    over the pairs of each offset, it is never rounded to ``q``'s low precision in between.
-    The content product's gradient joins ``q``'s in one ``baddbmm``.
+    Two batched GEMMs per chunk; the backward recomputes the logits chunk by chunk. ``emb``'s gradient is
+    accumulated in its own dtype (float32 or float64), never rounded to ``q``'s (docs/design.md, "GSA axial
+    positional attention").
     """
 
     @staticmethod
@@ -205,14 +193,12 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
         table (Tensor | None): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
-        chunk_elems (int, optional): logits ``[sequences, H, H]`` per chunk. Defaults to the
-            device policy's (:func:`axial_chunk_elems`: one chunk on CUDA while memory allows,
-            cache-sized on the CPU, one while a graph is captured).
+        chunk_elems (int, optional): logits ``[sequences, H, H]`` per chunk. Defaults to
+            :func:`axial_chunk_elems`.
         embeddings (Tensor, optional): ``[H, H, dkh]``, ``table`` already read at every pair
             (:func:`axial_embeddings`), instead of ``table``.
         context (Tensor, optional): ``[B * Nh, dkh, dvh]`` (:func:`content_context`): content
-            attention's product with the same ``q`` is computed in this kernel too, so ``q``'s
-            gradients from both branches meet in it.
+            attention's product with the same ``q`` is computed in this kernel too.
 
     Returns:
         Tensor | tuple[Tensor, Tensor]: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of
@@ -251,11 +237,8 @@ def row_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Op
 
 
 def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype: torch.dtype):
-    """:func:`relative_embeddings` of both axes in one gather and one cast to ``dtype``.
-
-    The float32 (float64) tables are read through one index into their concatenation (a
-    constant per size, :func:`size_constant`), so both axes' gradients are cast back in one op
-    and summed into the tables in one (``F.embedding``'s backward).
+    """:func:`relative_embeddings` of both axes in one gather (one index into the tables'
+    concatenation, :func:`size_constant`) and one cast to ``dtype``.
 
     Args:
         table_col, table_row (Tensor): ``[2Mc - 1, dkh]``, ``[2Mr - 1, dkh]``.
@@ -279,68 +262,32 @@ def _axial_index(H: int, Mc: int, W: int, Mr: int, device) -> Tensor:
 class GlobalSelfAttention2d(BaseModule):
     """Global self-attention (GSA) module, a drop-in for a 3x3 convolution.
 
-    Has ``nn.Conv2d``'s signature so mmcv's ``build_conv_layer`` builds it from
-    ``dict(type='GSA', ...)``.
+    Has ``nn.Conv2d``'s signature so ``build_conv_layer`` builds it from ``dict(type='GSA', ...)``.
 
     Args:
         in_channels (int): input channels.
         out_channels (int): output (= value) channels.
-        kernel_size (int): kernel of the convolution it replaces, odd; the
-            attention is global, so every odd size builds the same module.
-            Defaults to 3.
-        padding (int, optional): None or that convolution's 'same' padding,
-            ``(kernel_size - 1) // 2``: the output keeps the input's size.
-        dilation, groups, bias: the neutral values only (1, 1, False): the
-            module has no window to dilate, mixes every channel and has no
-            bias; other values are refused.
-        stride (int): 1, or 2 for the 2x2 average pool (stride 2) that follows
-            the module in the first block of a ResNet stage (GSA Sec. 4).
-            ``ceil_mode`` keeps odd sizes equal to a strided conv's.
+        kernel_size (int): kernel of the convolution it replaces, odd (the attention is global). Defaults to 3.
+        padding (int, optional): None or that convolution's 'same' padding, ``(kernel_size - 1) // 2``.
+        dilation, groups, bias: the neutral values only (1, 1, False); other values are refused.
+        stride (int): 1, or 2 for a 2x2 average pool (``ceil_mode``) after the module (GSA Sec. 4).
         num_heads (int): heads. Defaults to 8.
-        key_channels (int, optional): channels of keys and queries. Defaults to
-            ``in_channels`` (GSA Sec. 4).
-        components (Sequence[str]): any of 'content', 'column', 'row' (GSA
-            Table 4). Defaults to all three.
-        max_rel_dist (int): relative tables cover offsets up to
-            ``max_rel_dist - 1``; larger offsets are clipped, so attention stays
-            global at any size. At test time they clip at the largest offset
-            training reached (:class:`TrainedOffsetRange`). Defaults to 64.
-        norm_cfg (dict): norm between the column and row sub-layers.
-            Defaults to ``dict(type='BN')``.
-        axial_scale (str): how the column and row sub-layers' sums over their
-            axis scale with its length ``L`` (docs/design.md, "GSA at any test
-            size"):
-
-            * ``'trained'``: eq. (7)'s sums wherever ``L`` is at most the
-              longest axis a learning pass saw (``T``, recorded by
-              :class:`TrainedOffsetRange`), so training and tests at the
-              training size are exactly the paper's; on longer maps the sum
-              is rescaled by ``T / L``, so it never outgrows what the batch
-              norms after it were calibrated on.
-            * ``'sum'``: eq. (7)'s sums at every size (the paper's form; grows
-              with the map, and can overflow at test sizes far above the
-              training size).
-            * ``'mean'``: sums divided by ``L`` at every size, training too.
-
-            Defaults to ``'trained'``.
+        key_channels (int, optional): channels of keys and queries. Defaults to ``in_channels`` (GSA Sec. 4).
+        components (Sequence[str]): any of 'content', 'column', 'row' (GSA Table 4). Defaults to all three.
+        max_rel_dist (int): relative tables cover offsets up to ``max_rel_dist - 1``; larger ones clip (at test
+            time, at the largest trained offset: :class:`TrainedOffsetRange`). Defaults to 64.
+        norm_cfg (dict): norm between the column and row sub-layers. Defaults to ``dict(type='BN')``.
+        axial_scale (str): how the column and row sums scale with their axis length ``L`` (docs/design.md,
+            "GSA at any test size"): ``'trained'``, eq. (7)'s sums up to the longest trained length ``T``,
+            rescaled by ``T / L`` beyond; ``'sum'``, eq. (7)'s sums at every size (the paper's form);
+            ``'mean'``, sums divided by ``L`` at every size. Defaults to ``'trained'``.
         init_cfg (dict, optional): mmengine init config.
     """
 
-    def __init__(self,
-                 in_channels: int,
-                 out_channels: int,
-                 kernel_size: int = 3,
-                 stride: int = 1,
-                 padding: Optional[int] = None,
-                 dilation: int = 1,
-                 groups: int = 1,
-                 bias: bool = False,
-                 num_heads: int = 8,
-                 key_channels: Optional[int] = None,
-                 components: Sequence[str] = GSA_COMPONENTS,
-                 max_rel_dist: int = 64,
-                 norm_cfg: dict = dict(type='BN'),
-                 axial_scale: str = 'trained',
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1,
+                 padding: Optional[int] = None, dilation: int = 1, groups: int = 1, bias: bool = False,
+                 num_heads: int = 8, key_channels: Optional[int] = None, components: Sequence[str] = GSA_COMPONENTS,
+                 max_rel_dist: int = 64, norm_cfg: dict = dict(type='BN'), axial_scale: str = 'trained',
                  init_cfg: Optional[dict] = None):
         super().__init__(init_cfg)
         key_channels = in_channels if key_channels is None else key_channels
@@ -356,13 +303,13 @@ class GlobalSelfAttention2d(BaseModule):
             raise ValueError(f'GlobalSelfAttention2d: axial_scale must be one of {AXIAL_SCALES}, got {axial_scale!r}')
         if stride not in (1, 2):
             raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
-        if kernel_size % 2 != 1 or padding not in (None, (kernel_size - 1) // 2):
-            raise ValueError(f"GlobalSelfAttention2d: kernel_size={kernel_size}, padding={padding} is not a 'same' "
-                             f"convolution's: use an odd kernel_size and padding None or {(kernel_size - 1) // 2}")
         for name, value, neutral in (('dilation', dilation, 1), ('groups', groups, 1), ('bias', bias, False)):
             if value != neutral:
                 raise ValueError(f'GlobalSelfAttention2d: {name}={value!r} is not supported (global attention has '
                                  f'no dilation, groups or bias); use {name}={neutral!r}')
+        if kernel_size % 2 != 1 or padding not in (None, (kernel_size - 1) // 2):
+            raise ValueError(f"GlobalSelfAttention2d: kernel_size={kernel_size}, padding={padding} is not a 'same' "
+                             f"convolution's: use an odd kernel_size and padding None or {(kernel_size - 1) // 2}")
         if not isinstance(max_rel_dist, numbers.Integral) or max_rel_dist < 1:  # it sizes the tables
             raise ValueError(f'GlobalSelfAttention2d: max_rel_dist must be an int >= 1, got {max_rel_dist!r}')
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -401,9 +348,8 @@ class GlobalSelfAttention2d(BaseModule):
             self.offset_range.reset()
 
     def relative_table(self, name: str, length: int) -> Tensor:
-        """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length``
-        along that axis may use: a learning pass records ``length``; otherwise offsets beyond
-        the largest trained one clip to it (:class:`TrainedOffsetRange`).
+        """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length`` along that axis
+        may use (:class:`TrainedOffsetRange`).
 
         Returns:
             Tensor: ``[2m - 1, dkh]``.
@@ -419,10 +365,8 @@ class GlobalSelfAttention2d(BaseModule):
         """What the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of
         ``length`` along its axis is multiplied by (``axial_scale``), or None for 1.
 
-        ``'trained'``: ``T / L`` where the map is longer than the longest axis ``T`` a learning
-        pass recorded; None in a learning pass (the record covers the map) or without a record.
-        While a graph is captured (compile, export, trace) the factor is computed from the
-        symbolic (or traced) length, so one graph is right at every size.
+        ``'trained'``: ``T / L`` where the map is longer than the longest recorded axis ``T``; None in a
+        learning pass or without a record. In a captured graph, computed from the symbolic (traced) length.
 
         Returns:
             float | Tensor | None: a scalar.

@@ -1,18 +1,8 @@
 """The attention kernels' device policy: one place that picks kernels, dtypes and block sizes.
 
-Bello et al. (AA, ICCV 2019) eq. (3) and Shen et al. (GSA) eq. (1), (5)-(7) are computed by
-several exact kernels (``relative_attention.py``, ``gsa.py``); which one runs, in which dtype
-and over how many logits at once depends on the device and the autocast dtype, and is decided
-here only (the model of timm's ``layers/config.py``: one place, one switch).
-
-Production picks the policy of the tensors' device: ``'cuda'`` for CUDA tensors, ``'cpu'``
-for all others. :func:`force_policy` makes every tensor take one policy's choices, so tests
-and benchmarks run the CUDA path's kernels, dtypes and chunk sizes on CPU tensors
-(``benchmarks/op_counts.py``, ``tests/test_kernel_policy.py``).
-
-While a graph is captured (``torch.compile``, ``torch.export``, ``jit.trace``, ONNX export,
-:func:`graph_mode`) the kernels take no Python loop whose trip count depends on the input
-size, so the graph has no break and no size baked in.
+Bello et al. (AA, ICCV 2019) eq. (3) and Shen et al. (GSA) eq. (1), (5)-(7) are computed by several exact
+kernels (``relative_attention.py``, ``gsa.py``); the policy is the tensors' device's (``'cuda'`` for CUDA,
+``'cpu'`` otherwise) or :func:`force_policy`'s. See docs/design.md, "One device policy".
 
 Example:
     >>> import torch
@@ -33,16 +23,12 @@ from ...utils.compat import is_capturing_graph
 
 POLICIES = ('cpu', 'cuda')
 
-#: AA 'blocked' kernel: logits ``B * Nh * queries * keys`` held at once on the CPU (16 MiB in
-#: fp32). Small blocks are the fast choice there (cache-sized, and below glibc's mmap threshold,
-#: so reused instead of page-faulted in afresh): 1.3-2x faster than 64 MiB blocks.
+#: AA 'blocked' kernel: logits ``B * Nh * queries * keys`` held at once on the CPU (16 MiB in fp32, cache-sized).
 CPU_BLOCK_ELEMS = 1 << 22
 #: AA on CUDA in float32: logits up to this many are materialised at once (64 MiB), see choose_impl.
 CUDA_MATERIALIZE_ELEMS = 1 << 24
-#: GSA axial kernel: logits ``[sequences, L, L]`` computed at once. CPU: cache-sized (4 MiB in
-#: fp32), faster than one large product. CUDA: one chunk wherever it fits in 1 GiB of fp32
-#: logits (every GSA-ResNet-50 layer at 640x640 and batch 8), so the kernel launches do not
-#: grow with the batch or the image; beyond that, chunks of that size bound the memory.
+#: GSA axial kernel: logits ``[sequences, L, L]`` computed at once. CPU: cache-sized (4 MiB in fp32).
+#: CUDA: one chunk wherever it fits in 1 GiB of fp32 logits, chunks of that size beyond.
 CPU_AXIAL_ELEMS = 1 << 20
 CUDA_AXIAL_ELEMS = 1 << 28
 
@@ -60,11 +46,7 @@ def kernel_device(device_type: str) -> str:
 @contextmanager
 def force_policy(name: Optional[str]):
     """Run every attention kernel with policy ``name`` (``'cpu'``, ``'cuda'``, or None for
-    the tensors' own device), whatever device its tensors are on.
-
-    ``force_policy('cuda')`` on CPU tensors executes the CUDA path's kernel choices, dtypes and
-    chunk sizes (the fused folded SDPA under autocast, GSA's bf16 products for fp16 inputs,
-    one-chunk axial attention), which is how CI tests it without a GPU.
+    the tensors' own device), whatever device its tensors are on (CI tests the CUDA path so).
     """
     global _forced
     if name is not None and name not in POLICIES:
@@ -97,17 +79,11 @@ _cached_constant = functools.lru_cache(maxsize=256)(lambda build, *args, **kwarg
 
 def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
     """The fastest exact AA kernel for ``num_logits = B * Nh * (HW)^2`` under policy ``device_type``
-    (the measurements behind each choice: docs/design.md, "Precision under AMP").
+    (docs/design.md, "Precision under AMP").
 
-    * CPU: 'blocked' at all sizes and dtypes: no fused kernel has a backward there, and its
-      16 MiB blocks beat the materialised form where both fit.
-    * CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa' at every size, on the
-      low-precision inputs with float32 logits inside the fused kernel.
-    * CUDA in float32: 'materialized' up to ``CUDA_MATERIALIZE_ELEMS`` logits (plain matmuls
-      beat the folded kernel's ``H + W`` extra head dims on small maps), 'sdpa' above (the
-      fused kernel never stores the logits).
-    * While a graph is captured (:func:`graph_mode`): 'sdpa', no loop over query blocks.
-    * In the TorchScript ONNX exporter: 'materialized' (ONNX has no fused attention).
+    CPU: 'blocked'. CUDA under fp16 / bf16 autocast (``amp_dtype``): 'sdpa'. CUDA in float32: 'materialized'
+    up to ``CUDA_MATERIALIZE_ELEMS`` logits, 'sdpa' above. In a captured graph: 'sdpa'. In the TorchScript
+    ONNX exporter: 'materialized' (ONNX has no fused attention).
     """
     if torch.onnx.is_in_onnx_export():
         return 'materialized'
@@ -122,10 +98,8 @@ def kernel_dtype(device_type: str, impl: str, input_dtype: torch.dtype,
                  amp_dtype: Optional[torch.dtype] = None) -> torch.dtype:
     """The dtype an AA kernel computes in under policy ``device_type``.
 
-    float32 (float64 stays float64, for the tests), so that materialised and blocked
-    logits and softmax never overflow fp16; the exception is the fused CUDA kernel under
-    fp16 / bf16 autocast, which computes its logits in float32 internally and takes the
-    autocast dtype (``attention_sdpa_folded`` guards the folded relative logits).
+    float32 (float64 stays float64); the fused CUDA kernel under fp16 / bf16 autocast takes the autocast
+    dtype (its logits are float32 inside).
     """
     if device_type == 'cuda' and impl == 'sdpa' and amp_dtype in (torch.float16, torch.bfloat16):
         return amp_dtype
@@ -136,13 +110,8 @@ def compute_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
     """The dtype GSA's attention products compute in under policy ``device_type``, for inputs
     of ``dtype`` (autocast's under AMP).
 
-    Neither branch normalises its output: content attention returns ``q . context``, and
-    positional attention sums ``L`` terms ``(q . R) v`` over a whole column or row, so both
-    grow with ``|q| |v|`` and leave float16's range (65504) while the inputs are small (no
-    softmax bounds them, as it bounds the AA kernels' outputs by ``max |v|``). Float16 inputs
-    therefore compute in bfloat16 (float32's range, the same tensor-core speed) where the
-    device has it (the CPU, and CUDA GPUs from Ampere on; the forced CUDA policy on a machine
-    without a GPU assumes one), else in float32; other dtypes compute as they are.
+    No softmax bounds GSA's outputs, which can leave float16's range, so float16 inputs compute in
+    bfloat16 where the device has it, else in float32; other dtypes as they are.
     """
     if dtype != torch.float16:
         return dtype

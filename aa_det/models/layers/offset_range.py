@@ -1,14 +1,9 @@
 """The relative offsets that training reached, so that test maps use only trained table rows.
 
-A relative table of ``2M - 1`` rows (Shaw et al., 2018; AA eq. (3); GSA eq. (5)-(7)) gets a
-gradient only in the rows of offsets that occur in training: ``-(L - 1) .. L - 1`` for maps of
-length ``L``. A test image larger than the training crops would otherwise read rows that never
-trained (random initialisation, shrunk by weight decay). :class:`TrainedOffsetRange` records, per
-axis, the largest offset a learning forward pass has used, and :meth:`TrainedOffsetRange.crop`
-cuts a table to those rows, so larger offsets clip to the largest trained one: within the trained
-range the attention is exactly the paper's, beyond it the far keys share the farthest trained
-embedding. The record travels in ``state_dict`` (checkpoints, resume, ImageNet -> detection).
-See docs/design.md, "Relative embeddings at any size".
+A relative table of ``2M - 1`` rows (Shaw et al., 2018; AA eq. (3); GSA eq. (5)-(7)) trains only the rows of
+offsets that occur in training. :class:`TrainedOffsetRange` records, per axis, the largest offset a learning
+pass used (saved in ``state_dict``); :meth:`TrainedOffsetRange.crop` cuts a table to those rows, so larger
+offsets clip to the largest trained one. See docs/design.md, "Relative embeddings at any size".
 
 Example:
     >>> import torch
@@ -37,17 +32,10 @@ _EXTRA_STATE = '_extra_state'
 class TrainedOffsetRange(BaseModule):
     """Per-axis record of the largest relative offset used while the tables learned.
 
-    The record is a list of Python ints (no device synchronisation in the forward pass),
-    saved as a small CPU tensor through ``get_extra_state``. ``-1`` means nothing recorded
-    (a new layer, or a checkpoint written before the record existed): the whole table is
-    used, as before.
-
-    While a graph is captured (``torch.compile`` with dynamic shapes, export), nothing depends on
-    the map's length: a learning pass records into a small non-persistent buffer (an in-graph
-    ``clamp_``, so no guard and no recompile per size) and keeps the whole table; other passes
-    crop to the record only (the kernels clip larger offsets by an index, so an exported model
-    is right at any size). :meth:`train` ``(False)`` and ``state_dict`` fold the buffer into the
-    integers (one host read, outside any step).
+    The record is a list of Python ints (no device synchronisation), saved through ``get_extra_state``;
+    ``-1`` means nothing recorded (the whole table is used). While a graph is captured, nothing depends on
+    the map's length: a learning pass records into a non-persistent buffer (an in-graph ``clamp_``), which
+    :meth:`train` ``(False)`` and ``state_dict`` fold into the integers.
 
     Args:
         max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
@@ -80,8 +68,7 @@ class TrainedOffsetRange(BaseModule):
         return super().train(mode)
 
     def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
-        """The rows of ``table`` that the recorded range allows, and that a map of ``length``
-        reads.
+        """The rows of ``table`` that the recorded range allows, and that a map of ``length`` reads.
 
         Args:
             table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``.
@@ -89,15 +76,10 @@ class TrainedOffsetRange(BaseModule):
             learning (bool): the table learns in this pass (training mode, grad enabled,
                 ``requires_grad``): ``length`` widens the record first.
             length (int, optional): the map's length along ``axis``; needed when learning.
-                At test time offsets beyond ``length - 1`` do not occur in the map, so their
-                rows are cut too (a map never reads a row it does not need).
 
         Returns:
-            Tensor: in a learning pass the whole table (the record covers the map, so nothing
-            clips; each kernel reads the offsets ``-(length - 1) .. length - 1`` of it, and the
-            fused CUDA path's relative logits read it whole, with no slice to differentiate);
-            otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the middle
-            rows (offsets ``-(m - 1) .. m - 1``); without a record ``m = min(M, length)``.
+            Tensor: in a learning pass the whole table; otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1,
+            length)``, a view of the middle rows; without a record ``m = min(M, length)``.
         """
         M = self.max_rel_dist
         if graph_mode():  # nothing depends on ``length``: no guard, no size baked into the graph

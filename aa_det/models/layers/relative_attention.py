@@ -4,27 +4,15 @@ Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, eq. (3)::
 
     logit(i, j) = q_i . k_j + q_i . r^H[h_j - h_i] + q_i . r^W[w_j - w_i]
 
-with ``q`` already scaled by ``dkh ** -0.5`` (as the paper's appendix code does).
-Both relative terms depend on the key only through its row ``h_j`` or its column
-``w_j``, so per query they are tables of ``H`` and ``W`` numbers
-(:func:`relative_logits_2d`). The attention kernels below take those tables and
-add them to the content logits by broadcasting, one bounded block of queries at
-a time, so no function here holds ``B * Nh * (HW)^2`` numbers unless that is
-within ``block_elems``.
-
-Tables of ``2 * max_dist - 1`` rows cover offsets ``-(max_dist - 1) .. max_dist - 1``; larger
-offsets clip to the ends (Shaw et al., 2018), so the same weights serve any map size.
-
-Three exact kernels of one function, each tested against a loop reference written from eq. (3)
-(``tests/kernel_references.py``); :func:`relative_attention` picks one by the device policy
-(:mod:`.kernel_policy`), which also sets the dtype (float32; the fused kernel under CUDA autocast
-takes the autocast dtype, with float32 logits inside):
+with ``q`` scaled by ``dkh ** -0.5``. Per query the relative terms are tables of ``H`` and ``W`` numbers
+(:func:`relative_logits_2d`), added to the content logits by broadcasting. Tables of ``2 * max_dist - 1`` rows
+clip larger offsets to the ends (Shaw et al., 2018). Three exact kernels (tested against
+``tests/kernel_references.py``); :func:`relative_attention` picks one and its dtype by :mod:`.kernel_policy`
+(docs/design.md, "Attention kernels"):
 
 * :func:`attention_materialized`: the paper's form, all logits at once.
-* :func:`attention_blocked`: query blocks, flash-style (the backward recomputes one block of logits
-  at a time), so peak memory grows linearly in HW; the CPU's kernel.
-* :func:`attention_sdpa_folded`: the relative logits folded into fused dot-product attention
-  (``q' = [q, rel_h, rel_w]``, ``k' = [k, onehot(h_j), onehot(w_j)]``); CUDA's.
+* :func:`attention_blocked`: query blocks, flash-style, memory linear in HW; the CPU's kernel.
+* :func:`attention_sdpa_folded`: relative logits folded into fused dot-product attention; CUDA's.
 """
 import math
 from typing import Optional, Tuple
@@ -43,10 +31,6 @@ __all__ = ['IMPLS', 'relative_attention', 'relative_logits_2d', 'relative_logits
 
 #: ``relative_attention``'s kernels ('auto': :func:`choose_impl`)
 IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
-#: Default bound on ``B * Nh * queries * keys`` logits the 'blocked' kernel holds at once (the
-#: CPU policy's, 16 MiB in fp32). A smaller bound would make small maps (20x20, batch 2) pay
-#: the blocked backward's recomputation.
-DEFAULT_BLOCK_ELEMS = CPU_BLOCK_ELEMS
 
 
 def relative_index(length: int, max_dist: int, device=None) -> Tensor:
@@ -61,13 +45,8 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis: ``emb[a, b] = table[idx[a, b]]``
-    with :func:`relative_index`'s clipped offsets, in one gather.
-
-    The index is a constant, cached per size and device outside a captured graph, so the
-    forward is one op (``F.embedding``) and the backward one (its dense backward, where
-    indexing's is a zero fill and an accumulating ``index_put``), at any ``L``
-    (offsets beyond the table clip in the index, with no per-end-row slices and sums).
+    """The table read at every (query, key) pair of an axis, in one gather (``F.embedding``) through
+    :func:`relative_index`'s clipped offsets (a cached :func:`size_constant`).
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -88,9 +67,7 @@ def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
 def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
     """Per-query relative logits along height and width (eq. (3), S^H and S^W), by query pixel.
 
-    One batched GEMM per axis, batched over the query's row (column), each reading its own
-    :func:`relative_embeddings`, so exactly the ``H`` (``W``) offsets used; computed in the
-    tables' dtype (float32 under AMP) from ``q`` packed into it in one copy.
+    One GEMM per axis, batched over the query's row (column), in the tables' dtype (float32 under AMP).
 
     Args:
         q (Tensor): ``[B, Nh, H, W, d]`` scaled queries.
@@ -170,13 +147,8 @@ def _block_probs(q: Tensor, k: Tensor, rel_h: Optional[Tensor], rel_w: Optional[
 
 
 class _BlockedAttention(torch.autograd.Function):
-    """Exact attention one query block at a time, flash-style (Dao et al., 2022).
-
-    The forward keeps only the output and each query's log-sum-exp; the backward
-    recomputes one block of probabilities at a time and uses
-    ``dS = P * (dP - rowsum(dO * O))``. Only ``rows`` query rows of logits exist at
-    any moment, in either pass (with their probabilities and, in the backward, their
-    gradient: a few blocks of ``B * Nh * rows * HW`` numbers).
+    """Exact attention one query block at a time, flash-style (Dao et al., 2022): the forward keeps the
+    output and each query's log-sum-exp; the backward recomputes each block, ``dS = P * (dP - rowsum(dO * O))``.
     """
 
     @staticmethod
@@ -228,16 +200,12 @@ def _rows(t: Optional[Tensor], sl: slice) -> Optional[Tensor]:
     return None if t is None else t[:, :, sl]
 
 
-def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
-                      rel_w: Optional[Tensor], H: int, W: int,
-                      block_elems: int = DEFAULT_BLOCK_ELEMS) -> Tensor:
-    """Exact attention over query blocks of at most ``block_elems`` logits.
+def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor], H: int,
+                      W: int, block_elems: int = CPU_BLOCK_ELEMS) -> Tensor:
+    """Exact attention over query blocks of at most ``block_elems`` logits (at least one query row).
 
-    When all logits fit in one block this is :func:`attention_materialized`.
-    Otherwise :class:`_BlockedAttention`: peak memory is
-    ``O(HW * (d + H + W) + block_elems)`` in the forward and the backward pass.
-    A block holds at least one query row, so ``block_elems`` below ``B * Nh * HW``
-    is rounded up to that.
+    :func:`attention_materialized` when all logits fit in one block, else :class:`_BlockedAttention`
+    (peak memory ``O(HW * (d + H + W) + block_elems)`` in both passes).
     """
     B, Nh, N, _ = q.shape
     rows = max(1, block_elems // max(1, B * Nh * N))
@@ -251,25 +219,16 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
                           dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> Tensor:
     """Relative logits folded into one fused ``scaled_dot_product_attention``.
 
-    ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]``
-    exactly, at the cost of ``H + W`` extra head dimensions; the fused kernels
-    never store the logits. Each widened operand is one concatenation (zero columns pad
-    every head dim to a multiple of 8, which the fused kernels need; the key side's one-hot
-    and zero columns are one constant per map size and dtype, :func:`_fold_columns`, built
-    once outside a captured graph), so the op count does not depend on the map size.
+    ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]`` exactly, with
+    ``H + W`` extra head dims (zero-padded to a multiple of 8; key columns: :func:`_fold_columns`).
 
     Args:
         q, k, v, H, W: as :func:`attention_materialized`.
         rel_h, rel_w (Tensor | None): from :func:`relative_logits_2d` (``[B, Nh, HW, H]``)
             or :func:`relative_logits_5d` (``[B, Nh, H, W, H]``), any layout.
-        dtype (torch.dtype, optional): the dtype the fused kernel runs in; defaults to
-            ``q``'s. With float16, ``rel_h`` and ``rel_w`` (computed in float32) are folded
-            as ``rel / s`` against one-hot columns of ``s``, a power of two chosen on the
-            device so that ``|rel / s| <= 2^14``: exact (``s = 1`` unless the relative
-            logits leave float16's range) and with no host synchronisation.
-        scale (float): every logit's factor, applied inside the fused kernel: ``q``, ``rel_h``
-            and ``rel_w`` come unscaled (``d ** -0.5``), or already scaled with 1.0.
-            Defaults to 1.0.
+        dtype (torch.dtype, optional): the fused kernel's dtype; defaults to ``q``'s. With float16 the
+            relative logits are folded as ``rel / s`` against one-hot columns of ``s`` (:func:`_fp16_fold_scale`).
+        scale (float): every logit's factor, applied inside the fused kernel. Defaults to 1.0.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]`` in ``dtype``.
@@ -328,30 +287,21 @@ def _pad_last(t: Tensor, multiple: int) -> Tensor:
     return torch.cat([t, _zeros(t.dtype, t.device).expand(*t.shape[:-1], pad)], -1) if pad else t
 
 
-def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
-                       table_w: Optional[Tensor], H: int, W: int,
-                       impl: str = 'auto',
-                       block_elems: int = DEFAULT_BLOCK_ELEMS,
+def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
+                       H: int, W: int, impl: str = 'auto', block_elems: int = CPU_BLOCK_ELEMS,
                        scale: float = 1.0) -> Tensor:
-    """Multi-head 2D relative self-attention, eq. (3).
-
-    Kernel and precision are chosen by the device policy and the autocast dtype
-    (:mod:`.kernel_policy`: :func:`choose_impl`, :func:`kernel_dtype`): float32 everywhere,
-    except the fused CUDA kernel under autocast, which runs on the autocast dtype with
-    float32 logits. ``force_policy('cuda')`` runs the CUDA choices on CPU tensors.
+    """Multi-head 2D relative self-attention, eq. (3); kernel and dtype by :mod:`.kernel_policy`.
 
     Args:
         q (Tensor): ``[B, Nh, HW, d]`` queries, scaled by ``d ** -0.5`` here or by ``scale``.
         k (Tensor): ``[B, Nh, HW, d]`` keys.
         v (Tensor): ``[B, Nh, HW, dv]`` values.
-        table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings
-            shared by the heads, or None for position-free attention.
+        table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings, or None (no position).
         H, W (int): spatial size, ``H * W == HW``.
         impl (str): 'auto' (:func:`choose_impl`), 'blocked', 'sdpa' or 'materialized'.
             Defaults to 'auto'.
         block_elems (int): logits held at once by 'blocked'.
-        scale (float): the logits' factor: ``d ** -0.5`` for unscaled ``q``, which the fused
-            kernel applies inside (no op of its own); 1.0 for ``q`` already scaled.
+        scale (float): the logits' factor: ``d ** -0.5`` for unscaled ``q``, 1.0 for ``q`` already scaled.
             Defaults to 1.0.
 
     Returns:

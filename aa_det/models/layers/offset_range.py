@@ -81,21 +81,16 @@ class TrainedOffsetRange(BaseModule):
             Tensor: in a learning pass the whole table; otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1,
             length)``, a view of the middle rows; without a record ``m = min(M, length)``.
         """
-        M = self.max_rel_dist
-        if graph_mode():  # nothing depends on ``length``: no guard, no size baked into the graph
-            if learning:  # a tensor record
+        M, in_graph = self.max_rel_dist, graph_mode()  # in a graph nothing depends on ``length``: no guard
+        if learning:  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
+            if in_graph:  # a tensor record, no size baked in
                 self.graph_record[axis].clamp_(min=length - 1)
                 self.graph_recorded = True
-                return table
-            m = M if self.trained[axis] < 0 else min(M, self.trained[axis] + 1)
-            return table[M - m:M + m - 1]
-        if learning:  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
-            self.trained[axis] = max(self.trained[axis], length - 1)
+            else:
+                self.trained[axis] = max(self.trained[axis], length - 1)
             return table
-        m = self.max_rel_dist
-        if self.trained[axis] >= 0:
-            m = min(m, self.trained[axis] + 1)
-        if length is not None:
+        m = M if self.trained[axis] < 0 else min(M, self.trained[axis] + 1)
+        if length is not None and not in_graph:
             m = min(m, length)
         return table[M - m:M + m - 1]
 

@@ -242,8 +242,10 @@ def test_gsa_refuses_a_dilated_stage_in_one_line():
      r"^AAConv2d: padding=0 is not supported: the attention branch keeps 'same' padding, 1 for kernel_size=3"),
     (lambda: GlobalSelfAttention2d(8, 8, 3, padding=2, num_heads=2),
      r"^GlobalSelfAttention2d: kernel_size=3, padding=2 is not a 'same' convolution's"),
-    (lambda: GlobalSelfAttention2d(8, 8, 3, bias=True, num_heads=2), r'^GlobalSelfAttention2d: bias=True is not supported'),
-    (lambda: GlobalSelfAttention2d(8, 8, 3, groups=2, num_heads=2), r'^GlobalSelfAttention2d: groups=2 is not supported'),
+    (lambda: GlobalSelfAttention2d(8, 8, 3, bias=True, num_heads=2),
+     r'^GlobalSelfAttention2d: bias=True is not supported'),
+    (lambda: GlobalSelfAttention2d(8, 8, 3, groups=2, num_heads=2),
+     r'^GlobalSelfAttention2d: groups=2 is not supported'),
     (lambda: AAConv2d(8, 16, 3, impl='flash', num_heads=2, min_key_dim_per_head=2),
      r"^AAConv2d: impl must be one of \('auto', 'blocked', 'sdpa', 'materialized'\), got 'flash'"),
 ])

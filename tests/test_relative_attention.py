@@ -25,7 +25,8 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
     q, k, v, th, tw = _inputs(H=H, W=W, max_dist=max_dist)
     extra = dict(block_elems=2 * 3 * H * W * 2) if impl == 'blocked' else {}  # 2 query rows/block
     results = []
-    for out in (attention_reference(q, k, v, th, tw, H, W), relative_attention(q, k, v, th, tw, H, W, impl=impl, **extra)):
+    for out in (attention_reference(q, k, v, th, tw, H, W),
+                relative_attention(q, k, v, th, tw, H, W, impl=impl, **extra)):
         grads = torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, th, tw))
         results.append((out, grads))
     (ref, ref_g), (out, g) = results

@@ -42,9 +42,7 @@ require_env()
 from aa_det.datasets import generate_shapes_coco, generate_shapes_split  # noqa: E402
 from aa_det.engine import NonFiniteOutputError, build_runner, load_config  # noqa: E402
 
-DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
-BACKBONE = dict(type='GSAResNet', depth=26, base_channels=16, attention=dict(num_heads=4))
-IN_CHANNELS = [64, 128, 256, 512]
+CONFIG = osp.join(ROOT, 'configs/retinanet/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py')
 #: trained form -> the forms its checkpoint is evaluated in
 EVALUATED = {'sum': ('sum', 'trained'), 'mean': ('mean',)}
 #: (split, test scale): the training size, 2x and 4x maps at the same object scale, mmdet's default
@@ -57,10 +55,7 @@ def options(data_root, seed, form, epochs):
     opts.update({'randomness.seed': seed, 'train_cfg.val_interval': 10 ** 6, 'train_cfg.max_epochs': epochs,
                  'default_hooks.checkpoint.interval': epochs, 'param_scheduler.1.end': epochs,
                  'param_scheduler.1.milestones': [epochs * 3 // 4, epochs * 11 // 12]})
-    backbone = dict(BACKBONE, attention=dict(BACKBONE['attention'], axial_scale=form))
-    opts['model.backbone'] = dict(backbone, _delete_=True, frozen_stages=-1, norm_cfg=dict(type='BN'),
-                                  norm_eval=False, init_cfg=None)
-    opts['model.neck.in_channels'] = IN_CHANNELS
+    opts['model.backbone.attention.axial_scale'] = form
     return opts
 
 
@@ -71,7 +66,7 @@ def evaluate(data_root, work_dir, seed, trained_form, form, epochs, split, scale
     opts.update({'test_dataloader.dataset.ann_file': f'annotations/instances_{split}.json',
                  'test_dataloader.dataset.data_prefix.img': f'{split}/',
                  'test_evaluator.ann_file': data_root + f'annotations/instances_{split}.json'})
-    cfg = load_config(DEMO, work_dir=osp.join(work_dir, 'eval'), cfg_options=opts)
+    cfg = load_config(CONFIG, work_dir=osp.join(work_dir, 'eval'), cfg_options=opts)
     cfg.test_dataloader.dataset.pipeline[1].scale = scale
     cfg.load_from = osp.join(work_dir, f'epoch_{epochs}.pth')
     runner = build_runner(cfg, splits=('test',))
@@ -110,7 +105,7 @@ def main():
             work_dir = osp.join(args.work_dir, f'gsa-r26_{trained_form}_seed{seed}')
             if not osp.isfile(osp.join(work_dir, f'epoch_{args.epochs}.pth')):
                 start = time.time()
-                cfg = load_config(DEMO, work_dir=work_dir, cfg_options=options(data_root, seed, trained_form,
+                cfg = load_config(CONFIG, work_dir=work_dir, cfg_options=options(data_root, seed, trained_form,
                                                                                args.epochs))
                 build_runner(cfg).train()
                 print(f'TRAINED {trained_form} seed {seed} in {time.time() - start:.0f} s', flush=True)

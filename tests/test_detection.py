@@ -11,9 +11,11 @@ import sys
 
 import pytest
 import torch
+from mmengine.optim import build_optim_wrapper
 
 from aa_det.datasets import generate_shapes_coco
 from aa_det.engine import ConfigError, build_runner, load_config
+from aa_det.engine.runner import shared_head_norm_warning
 from aa_det.utils.compat import TORCH_VERSION
 
 from demo_config import DEMO, ROOT, demo_options
@@ -30,6 +32,10 @@ def test_every_config_builds_its_model(path):
     model = MODELS.build(cfg.model)
     assert not any(type(m).__name__ == 'SyncBatchNorm' for m in model.modules())  # one process: BN
     assert cfg.model.backbone.get('frozen_stages', -1) == -1 and cfg.model.backbone.norm_eval is False
+    # the head normalises each FPN level with its own BatchNorms (GN configs: RetinaHead, no BN)
+    assert shared_head_norm_warning(model) is None
+    assert type(model.bbox_head).__name__ == ('RetinaHead' if 'gn-all' in path else 'RetinaSepBNHead')
+    build_optim_wrapper(model, cfg.optim_wrapper)  # the shared head convs are accepted (bypass_duplicate)
 
 
 def _base_chain(path):

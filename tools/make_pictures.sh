@@ -27,16 +27,7 @@ fi
 mkdir -p "$OUT" "$WORK"
 DATA=$WORK/shapes
 AA_CFG=configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py
-GSA_CFG=$WORK/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py
-# the demo recipe with the GSA-ResNet-26 of benchmarks/position_extrapolation.py
-cat > "$GSA_CFG" <<EOF
-_base_ = '$ROOT/$AA_CFG'
-model = dict(
-    backbone=dict(_delete_=True, type='GSAResNet', depth=26, base_channels=16, attention=dict(num_heads=4),
-                  frozen_stages=-1, norm_cfg=dict(type='SyncBN', requires_grad=True), norm_eval=False,
-                  init_cfg=None),
-    neck=dict(in_channels=[64, 128, 256, 512]))
-EOF
+GSA_CFG=configs/retinanet/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py
 
 train() {  # config work_dir
     if [[ ! -f "$2/epoch_12.pth" ]]; then

@@ -11,6 +11,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from ..evaluation.bn_statistics import shared_head_norms
 from ..utils.compat import TORCH_VERSION
 from .checkpoints import check_checkpoint_fits, check_run_checkpoint
 from .errors import ConfigError
@@ -208,6 +209,27 @@ def check_pretrained(cfg: Config):
     visit(cfg.get('model', {}), 'model')
 
 
+def shared_head_norm_warning(model) -> Optional[str]:
+    """One line naming the dense head whose forward applies its BatchNorms to every FPN level
+    (mmdet's ``RetinaHead`` with a BN ``norm_cfg``), what that costs at evaluation and the fix;
+    ``None`` when no head does (:func:`aa_det.evaluation.bn_statistics.shared_head_norms`)."""
+    for key in ('bbox_head', 'rpn_head'):
+        head = getattr(model, key, None)
+        shared = shared_head_norms(head) if isinstance(head, torch.nn.Module) else []
+        if not shared:
+            continue
+        name = type(head).__name__
+        levels = max(calls for _, calls in shared)
+        fix = (f"type='RetinaSepBNHead' with num_ins={levels} (convs shared, one BatchNorm per level; "
+               "optim_wrapper.paramwise_cfg.bypass_duplicate=True)" if name == 'RetinaHead'
+               else 'a head with one BatchNorm per level')
+        return (f'model.{key} ({name}) applies each of its {len(shared)} BatchNorms to all {levels} FPN levels: '
+                "their running statistics average the levels' distributions, so evaluation in eval mode "
+                f'scores far below what the weights reach; use {fix}, or norm_cfg=dict(type=\'GN\', '
+                'num_groups=32); tools/analysis_tools/bn_check.py measures the gap')
+    return None
+
+
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     """Check the data of ``splits`` and the checkpoint paths, then build mmengine's Runner
     (or the config's runner_type).
@@ -217,7 +239,8 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     is built, fitting it: exactly for ``resume`` and for testing (``splits`` without
     ``'train'``), up to the heads' classification layers for ``load_from`` in
     training, anything with ``partial_load=True``. An auto-resume whose latest
-    checkpoint is unusable resumes from the newest usable one.
+    checkpoint is unusable resumes from the newest usable one. A dense head that shares its
+    BatchNorms across FPN levels is named in one warning (:func:`shared_head_norm_warning`).
     """
     check_datasets(cfg, splits)
     check_pretrained(cfg)
@@ -228,10 +251,13 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
         # Runner skips it when a process group exists, so start gloo here (torchrun's env://).
         dist.init_process_group(backend='gloo')
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    warning = shared_head_norm_warning(model)
+    if warning:
+        runner.logger.warning(warning)
     if checkpoint is not None:
         path, loaded, note = checkpoint
         if note:
             runner.logger.warning(note)
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         check_checkpoint_fits(cfg, model, path, loaded, training='train' in splits)
     return runner

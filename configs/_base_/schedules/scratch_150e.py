@@ -14,7 +14,9 @@ param_scheduler = [
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='SGD', lr=0.04, momentum=0.9, weight_decay=0.0001),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0),
+    # bypass_duplicate: RetinaSepBNHead's convs are shared by the FPN levels (one parameter,
+    # several modules); mmengine's constructor refuses a parameter seen twice without it
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, bypass_duplicate=True),
     clip_grad=dict(max_norm=35, norm_type=2))
 
 # lr 0.04 is for a total batch of 64 (mmdet RetinaNet's 0.01 per 16 images, linearly scaled).

@@ -1,0 +1,167 @@
+"""BatchNorm statistics at test time: which BatchNorms a dense head shares across FPN levels, and
+how far each BatchNorm's running statistics are from the batch statistics it sees.
+
+A BatchNorm normalises with its batch's statistics in training and with its running averages in
+eval mode. Where one BatchNorm is applied to several FPN levels (mmdet's ``RetinaHead`` given a BN
+``norm_cfg``), its running averages mix the levels' distributions and normalise none of them as
+training did: the detector's eval-mode mAP falls far below what its weights reach
+(docs/detection.md, "BatchNorm in the head").
+
+* :func:`shared_head_norms` finds such BatchNorms in a built detector (the start-up guard of
+  :func:`aa_det.engine.build_runner`);
+* :class:`RunningStatisticsGap` records, per BatchNorm, how its running statistics would shift and
+  scale the inputs it sees;
+* :func:`batch_statistics` makes every BatchNorm normalise with its batch's statistics, without
+  changing its running statistics (``tools/analysis_tools/bn_check.py`` evaluates both ways).
+
+Example:
+    >>> import torch
+    >>> from mmdet.registry import MODELS
+    >>> head = MODELS.build(dict(type='RetinaHead', num_classes=3, in_channels=8, feat_channels=8,
+    ...                          stacked_convs=1, norm_cfg=dict(type='BN')))
+    >>> [(name, calls) for name, calls in shared_head_norms(head)]
+    [('cls_convs.0.bn', 5), ('reg_convs.0.bn', 5)]
+    >>> bn = torch.nn.BatchNorm2d(4).eval()
+    >>> with RunningStatisticsGap(bn) as gap, torch.no_grad():
+    ...     _ = bn(torch.randn(2, 4, 8, 8) * 3 + 1)
+    >>> [(name, calls) for name, calls, mean, scale in gap.table()]
+    [('', 1)]
+"""
+import contextlib
+import math
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def _batchnorms(model: nn.Module) -> Iterator[Tuple[str, _BatchNorm]]:
+    return ((name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm))
+
+
+def shared_head_norms(head: nn.Module) -> List[Tuple[str, int]]:
+    """The BatchNorms of a dense head that its forward applies more than once: to several FPN levels.
+
+    The head runs once in eval mode, under ``no_grad``, on one 4x4 map per level (its
+    ``prior_generator.num_levels`` maps of its ``in_channels``); module modes and statistics are
+    left as they were. A head without those attributes, or without BatchNorms, gives ``[]``.
+
+    Args:
+        head (nn.Module): a built dense head (``model.bbox_head``).
+
+    Returns:
+        list[tuple[str, int]]: ``(module name, times applied in one forward)`` of each shared BatchNorm.
+    """
+    norms = dict(_batchnorms(head))
+    levels = getattr(getattr(head, 'prior_generator', None), 'num_levels', None)
+    channels = getattr(head, 'in_channels', None)
+    if not norms or not isinstance(levels, int) or not isinstance(channels, int):
+        return []
+    calls = {name: 0 for name in norms}
+
+    def count(name):
+        def hook(module, args, output):
+            calls[name] += 1
+        return hook
+
+    handles = [m.register_forward_hook(count(name)) for name, m in norms.items()]
+    modes = {m: m.training for m in head.modules()}
+    parameter = next(head.parameters())
+    try:
+        head.eval()
+        with torch.no_grad():
+            head(tuple(parameter.new_zeros(1, channels, 4, 4) for _ in range(levels)))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, training in modes.items():
+            m.training = training
+    return [(name, n) for name, n in calls.items() if n > 1]
+
+
+def _input_statistics(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and (biased) variance of a BatchNorm input ``[N, C, ...]``, in float32."""
+    dims = [d for d in range(x.dim()) if d != 1]
+    var, mean = torch.var_mean(x.float(), dim=dims, unbiased=False)
+    return mean, var
+
+
+class RunningStatisticsGap(contextlib.AbstractContextManager):
+    """Records, for every BatchNorm of a model, what its running statistics do to the inputs it sees.
+
+    Normalised with its running statistics, an input whose channels have batch mean ``m`` and
+    variance ``v`` comes out with mean ``(m - running_mean) / sqrt(running_var + eps)`` and standard
+    deviation ``sqrt((v + eps) / (running_var + eps))`` (before the affine), where training gave 0
+    and 1. Per call, the root mean square of that mean over channels, and that of the standard
+    deviation's natural logarithm, are recorded; :meth:`table` averages them over the calls.
+
+    Args:
+        model (nn.Module): the model whose BatchNorms are watched while the context is open.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._sums: Dict[str, List[float]] = {}  # name -> [calls, sum of mean RMS, sum of log-std RMS]
+        self._handles = []
+
+    def __enter__(self):
+        for name, m in _batchnorms(self.model):
+            if m.running_mean is not None:
+                self._sums[name] = [0, 0.0, 0.0]
+                self._handles.append(m.register_forward_hook(self._record(name)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        return False
+
+    def _record(self, name):
+        def hook(module, args, output):
+            mean, var = _input_statistics(args[0].detach())
+            running_var = module.running_var.float() + module.eps
+            shift = (mean - module.running_mean.float()) / running_var.sqrt()
+            log_scale = 0.5 * torch.log((var + module.eps) / running_var)
+            sums = self._sums[name]
+            sums[0] += 1
+            sums[1] += shift.square().mean().sqrt().item()
+            sums[2] += log_scale.square().mean().sqrt().item()
+        return hook
+
+    def table(self) -> List[Tuple[str, int, float, float]]:
+        """``(name, calls, mean, scale)`` per BatchNorm that ran, furthest first: ``mean`` is the
+        average RMS over channels of the normalised input's mean (0 when the running mean fits),
+        ``scale`` the factor ``exp(RMS of log std)`` by which its standard deviation is off (1 when the
+        running variance fits). They are sorted by ``mean + log(scale)``."""
+        rows = [(name, int(calls), total_shift / calls, math.exp(total_log / calls))
+                for name, (calls, total_shift, total_log) in self._sums.items() if calls]
+        return sorted(rows, key=lambda row: row[2] + math.log(row[3]), reverse=True)
+
+
+@contextlib.contextmanager
+def batch_statistics(model: nn.Module):
+    """While open, every BatchNorm of ``model`` normalises with the statistics of the batch it is
+    given (per channel, over the batch and positions), in any mode, and updates no running statistic.
+    An input with one value per channel (a 1x1 map of one image) keeps the running statistics.
+
+    Args:
+        model (nn.Module): the model whose BatchNorms switch.
+    """
+    def batch_forward(module):
+        def forward(x):
+            if x.numel() // x.shape[1] <= 1:
+                return type(module).forward(module, x)
+            return F.batch_norm(x, None, None, module.weight, module.bias, True, 0.0, module.eps)
+        return forward
+
+    norms = [m for _, m in _batchnorms(model)]
+    for m in norms:
+        m.forward = batch_forward(m)
+    try:
+        yield model
+    finally:
+        for m in norms:
+            del m.forward

@@ -4,9 +4,12 @@ measured on the CPU (issue 19): what a GPU would run, counted without one.
 For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet recipe's backbone
 settings: every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's
 ResNet does by default), one backbone forward + backward (``sum of the outputs' means``) under
-bf16 autocast, with
+fp16 autocast (``--amp``: fp16, what ``tools/train.py --amp`` runs on CUDA; bf16; fp32), with
 ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the CUDA path picks,
-run on CPU tensors. Per backbone:
+run on CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO scratch
+configs with BatchNorm: backbone, FPN, head, anchor assignment, losses and the backward; one
+generated box per image), with mmcv's focal-loss kernel counted as CUDA runs it: one op forward,
+one backward. Per model:
 
 * ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), except those
   that launch no kernel on a GPU: views (``OpOverload.is_view``: ``view``, ``transpose``,
@@ -29,6 +32,7 @@ architectures; ``relative_attention._fold_columns``, ``relative_embeddings``), a
 layer once.
 
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
+    .venv/bin/python benchmarks/op_counts.py --step --batch 8    # whole RetinaNet training steps
     .venv/bin/python benchmarks/op_counts.py --size 320 --batch 2 --top 15 --models GSA-ResNet-50
 """
 import argparse
@@ -52,6 +56,11 @@ BACKBONES = {
     'AA-ResNet-50': dict(type='AAResNet', depth=50),
     'GSA-ResNet-50': dict(type='GSAResNet', depth=50),
 }
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+#: the RetinaNet configs of ``--step``
+CONFIGS = {name: osp.join(ROOT, 'configs/retinanet', f'retinanet_{prefix}r50-scratch_fpn_8xb8-ms-150e_coco.py')
+           for name, prefix in (('ResNet-50', ''), ('AA-ResNet-50', 'aa-'), ('GSA-ResNet-50', 'gsa-'))}
+AMP = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}
 #: ops whose cost is arithmetic, not memory traffic
 GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backward', 'mkldnn_convolution',
             '_scaled_dot_product', 'matmul', 'linear')
@@ -98,6 +107,68 @@ def _fused_sdpa_flops(q_shape, k_shape, v_shape, *args, **kwargs):
 @register_flop_formula(torch.ops.aa_bench.fused_sdpa_backward)
 def _fused_sdpa_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs):
     return sdpa_backward_flop_count(grad_shape, q_shape, k_shape, v_shape)
+
+
+def _focal_loss(pred, labels, gamma, alpha):
+    """Unreduced sigmoid focal loss of class indices (``num_classes``: background), mmdet's Python form."""
+    from mmdet.models.losses.focal_loss import py_sigmoid_focal_loss
+    target = F.one_hot(labels, pred.size(1) + 1)[:, :pred.size(1)].to(pred.dtype)
+    return py_sigmoid_focal_loss(pred, target, gamma=gamma, alpha=alpha, reduction='none')
+
+
+@torch.library.custom_op('aa_bench::sigmoid_focal_loss', mutates_args=())
+def counted_focal_loss(pred: torch.Tensor, labels: torch.Tensor, gamma: float, alpha: float) -> torch.Tensor:
+    """mmcv's ``sigmoid_focal_loss`` CUDA kernel (unreduced, labels as indices) as one op."""
+    return _focal_loss(pred, labels, gamma, alpha)
+
+
+@torch.library.custom_op('aa_bench::sigmoid_focal_loss_backward', mutates_args=())
+def counted_focal_loss_backward(grad: torch.Tensor, pred: torch.Tensor, labels: torch.Tensor, gamma: float,
+                                alpha: float) -> torch.Tensor:
+    """Its backward as one op: with ``p = sigmoid(x)``, ``pt`` the probability of the wrong answer and
+    ``w = (alpha t + (1 - alpha)(1 - t)) pt^gamma``, ``d loss / dx = (p - t) w + bce dw/dx``."""
+    x = pred.float()
+    t = F.one_hot(labels, x.size(1) + 1)[:, :x.size(1)].to(x.dtype)
+    p = x.sigmoid()
+    pt = (1 - p) * t + p * (1 - t)
+    a = alpha * t + (1 - alpha) * (1 - t)
+    bce = F.binary_cross_entropy_with_logits(x, t, reduction='none')
+    dw = a * gamma * pt.pow(gamma - 1) * (1 - 2 * t) * p * (1 - p)
+    return (grad.float() * ((p - t) * a * pt.pow(gamma) + bce * dw)).to(pred.dtype)
+
+
+def _focal_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:2])
+    ctx.gamma, ctx.alpha = inputs[2:]
+
+
+def _focal_backward(ctx, grad):
+    return counted_focal_loss_backward(grad, *ctx.saved_tensors, ctx.gamma, ctx.alpha), None, None, None
+
+
+counted_focal_loss.register_autograd(_focal_backward, setup_context=_focal_setup)
+
+
+@contextlib.contextmanager
+def cuda_focal_loss(loss_cls):
+    """``loss_cls`` (an mmdet ``FocalLoss``) takes its CUDA path, mmcv's kernel counted as one op."""
+    from mmdet.models.losses import focal_loss
+    kernel = focal_loss._sigmoid_focal_loss
+
+    def forward(pred, target, weight=None, avg_factor=None, reduction_override=None):
+        pred = pred.float() if pred.dtype == torch.bfloat16 else pred  # as Float32FocalLoss
+        return loss_cls.loss_weight * focal_loss.sigmoid_focal_loss(
+            pred, target, weight, gamma=loss_cls.gamma, alpha=loss_cls.alpha,
+            reduction=reduction_override or loss_cls.reduction, avg_factor=avg_factor)
+
+    focal_loss._sigmoid_focal_loss = lambda pred, labels, gamma, alpha, *args: counted_focal_loss(
+        pred, labels, gamma, alpha)
+    loss_cls.forward = forward
+    try:
+        yield
+    finally:
+        focal_loss._sigmoid_focal_loss = kernel
+        del loss_cls.forward
 
 
 def _counted_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
@@ -199,38 +270,75 @@ class SavedForBackward:
         return kinds
 
 
-def measure(name, size, batch, policy='cuda', dtype=torch.bfloat16, norm_eval=False, with_cp=False):
-    """One backbone forward + backward; returns ops, FLOPs, non-GEMM bytes, peak bytes, op table
-    and the bytes saved for the backward by module kind (:class:`SavedForBackward`)."""
+def build(name, step, norm_eval, with_cp):
+    """The backbone, or with ``step`` the RetinaNet of its COCO scratch config (BatchNorm in one process)."""
     from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
 
+    from aa_det.engine import load_config
+    init_default_scope('mmdet')
+    if not step:
+        return MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval,
+                                 with_cp=with_cp))
+    cfg = load_config(CONFIGS[name])
+    cfg.model.backbone.update(norm_eval=norm_eval, with_cp=with_cp)
+    return MODELS.build(cfg.model)
+
+
+def detection_samples(batch, size):
+    """One generated box per image, with the metainfo RetinaNet's loss reads."""
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    samples = []
+    for i in range(batch):
+        sample = DetDataSample(metainfo=dict(img_shape=(size, size), pad_shape=(size, size),
+                                             batch_input_shape=(size, size), scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(bboxes=torch.tensor([[0.1, 0.2, 0.5, 0.7]]) * size,
+                                           labels=torch.tensor([i % 80]))
+        samples.append(sample)
+    return samples
+
+
+def measure(name, size, batch, policy='cuda', dtype=torch.float16, norm_eval=False, with_cp=False, step=False):
+    """One backbone forward + backward (with ``step``: one RetinaNet loss + backward); returns ops, FLOPs,
+    non-GEMM bytes, peak bytes, op table and the bytes saved for the backward by module kind
+    (:class:`SavedForBackward`)."""
     import aa_det  # noqa: F401  (registers the backbones)
     from aa_det.models.layers.kernel_policy import force_policy
     torch.manual_seed(0)
-    model = MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval,
-                              with_cp=with_cp))
+    model = build(name, step, norm_eval, with_cp)
     model.train()
     x = torch.randn(batch, 3, size, size)
     counter, flops, saved = OpCounter(), FlopCounterMode(display=False), SavedForBackward(model)
     if policy == 'cuda':
         F.scaled_dot_product_attention = _counted_sdpa
+    if step:
+        samples = detection_samples(batch, size)
+
+        def loss():
+            return sum(v if isinstance(v, torch.Tensor) else sum(v) for v in model.loss(x, samples).values())
+        loss_kernel = cuda_focal_loss(model.bbox_head.loss_cls) if policy == 'cuda' else contextlib.nullcontext()
+    else:
+        def loss():
+            return sum(f.float().mean() for f in model(x))
+        loss_kernel = contextlib.nullcontext()
 
     amp = dict(device_type='cpu', dtype=dtype, enabled=dtype != torch.float32)
 
-    def step(record=contextlib.nullcontext()):
+    def train_step(record=contextlib.nullcontext()):
         with torch.autocast(**amp), record:  # a new autocast context per step, as in training: weights cast anew
-            feats = model(x)
-        sum(f.float().mean() for f in feats).backward()
+            value = loss()
+        value.backward()
 
-    with force_policy(policy):
+    with force_policy(policy), loss_kernel:
         with torch.autocast(**amp):  # a size's first learning pass builds the cached constants
-            model(x)
+            loss()
         # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps alive what a checkpointed
         # block recomputes in the backward (with_cp: GSA-ResNet-50 at 512x512 peaked at 0.72 GiB, not 0.31)
         with flops:
-            step()
+            train_step()
         with counter:
-            step(saved)
+            train_step(saved)
     F.scaled_dot_product_attention = _sdpa
     return dict(ops=sum(counter.ops.values()), flops=flops.get_total_flops(),
                 bytes=sum(counter.bytes.values()), peak=counter.peak, table=counter.ops,
@@ -243,7 +351,12 @@ def main():
     parser.add_argument('--batch', type=int, nargs='+', default=[2, 8])
     parser.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
     parser.add_argument('--policy', default='cuda', choices=['cuda', 'cpu'])
-    parser.add_argument('--fp32', action='store_true', help='no autocast (default: bf16 autocast)')
+    parser.add_argument('--amp', default='fp16', choices=list(AMP),
+                        help="autocast dtype: fp16 (default, what tools/train.py --amp runs on CUDA), bf16, "
+                             "fp32 (no autocast)")
+    parser.add_argument('--step', action='store_true',
+                        help='count a whole RetinaNet training step (backbone, FPN, head, losses, backward) '
+                             'instead of the backbone alone')
     parser.add_argument('--top', type=int, default=0, help='also print the N most frequent ops per model')
     parser.add_argument('--saved', action='store_true',
                         help='also print the bytes saved for the backward, by module kind (SavedForBackward)')
@@ -255,17 +368,18 @@ def main():
                         help="mmdet's with_cp: each residual block recomputes its forward in the backward "
                              "(memory for time and launches)")
     args = parser.parse_args()
-    dtype = torch.float32 if args.fp32 else torch.bfloat16
-    print(f'policy={args.policy} on the CPU, {"fp32" if args.fp32 else "bf16 autocast"}, backbone forward+backward '
+    dtype = AMP[args.amp]
+    what = 'RetinaNet training step' if args.step else 'backbone forward+backward'
+    print(f'policy={args.policy} on the CPU, {args.amp if args.amp == "fp32" else args.amp + " autocast"}, {what} '
           f'at {args.size}x{args.size}, BatchNorm {"frozen (norm_eval)" if args.norm_eval else "training"}'
           f'{", with_cp" if args.with_cp else ""}; '
           f'ops = non-view aten ops dispatched')
-    print(f'{"backbone":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
+    print(f'{"model":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
           f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
     for batch in args.batch:
         base = None
         for name in args.models:
-            r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval, args.with_cp)
+            r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval, args.with_cp, args.step)
             base = r if name == 'ResNet-50' else base
 
             def ratio(key, r=r, base=base):

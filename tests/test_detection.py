@@ -320,14 +320,14 @@ def test_image_that_fails_to_decode_names_the_file(tmp_path):
 
 @pytest.mark.slow
 def test_demo_learns_and_resumes(tmp_path):
-    """The README's main job: mAP_50 well above chance; a stopped run resumes where it was."""
+    """The README's main job reaches the README's mAP (0.878-0.890 over 3 seeds; 0.8 leaves room for seed
+    spread; with BatchNorm shared by the head's levels it scored 0.48); a stopped run resumes where it was."""
     data = tmp_path / 'shapes'
     out = subprocess.run([sys.executable, osp.join(ROOT, 'demo/detection_demo.py'), '--data-root', str(data),
                           '--work-dir', str(tmp_path / 'work')], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     line = out.stdout.strip().splitlines()[-1]
-    map50 = float(line.split('mAP_50=')[1].split()[0])
-    assert map50 >= 0.3, line
+    assert float(line.split('mAP=')[1].split()[0]) >= 0.8, line
 
 
 @pytest.mark.slow

@@ -54,9 +54,21 @@ def test_train_amp_on_cpu_runs_bf16_and_logs_to_tensorboard(tiny_shapes, tmp_pat
 
 
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
-def test_amp_train_step_runs_the_forward_under_bf16_autocast(tiny_shapes, tmp_path, backbone):
+def test_amp_train_step_runs_the_forward_under_bf16_autocast(tiny_shapes, tmp_path, backbone, monkeypatch):
     """What --amp builds through load_config + build_runner: the backbone's forward runs under
-    CPU bf16 autocast (bf16 features), losses and float32 parameters stay finite."""
+    CPU bf16 autocast (bf16 features), the focal loss computes in float32 (mmcv's CUDA kernel has
+    no bf16), losses and float32 parameters stay finite."""
+    import mmdet.models.losses.focal_loss as focal_loss
+    loss_dtypes = []
+
+    def recording(function):
+        def wrapped(pred, *args, **kwargs):
+            loss_dtypes.append(pred.dtype)
+            return function(pred, *args, **kwargs)
+        return wrapped
+
+    for name in ('py_sigmoid_focal_loss', 'sigmoid_focal_loss'):  # the CPU's and the CUDA kernel's path
+        monkeypatch.setattr(focal_loss, name, recording(getattr(focal_loss, name)))
     extra = dict(ONE_EPOCH)
     if backbone == 'GSAResNet':
         extra.update({'model.backbone': dict(_delete_=True, type='GSAResNet', depth=26, base_channels=32,
@@ -72,8 +84,21 @@ def test_amp_train_step_runs_the_forward_under_bf16_autocast(tiny_shapes, tmp_pa
     batch = next(iter(runner.build_dataloader(cfg.train_dataloader)))
     log_vars = runner.model.train_step(batch, wrapper)
     assert seen == [(torch.bfloat16, torch.bfloat16)]
+    assert type(runner.model.bbox_head.loss_cls).__name__ == 'Float32FocalLoss'
+    assert loss_dtypes and set(loss_dtypes) == {torch.float32}, loss_dtypes
     assert all(math.isfinite(float(v)) for v in log_vars.values()), log_vars
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in runner.model.parameters())
+
+
+def test_amp_dtype_sets_the_cuda_wrappers_dtype(monkeypatch):
+    """``tools/train.py --amp --amp-dtype bfloat16`` on CUDA: mmengine's AmpOptimWrapper with
+    ``dtype='bfloat16'``; without --amp the flag is one clear error."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    cfg = load_config(DEMO, amp=True, amp_dtype='bfloat16')
+    assert (cfg.optim_wrapper.type, cfg.optim_wrapper.dtype) == ('AmpOptimWrapper', 'bfloat16')
+    assert cfg.model.bbox_head.loss_cls.type == 'Float32FocalLoss'
+    with pytest.raises(ConfigError, match='--amp-dtype bfloat16 needs --amp'):
+        load_config(DEMO, amp_dtype='bfloat16')
 
 
 def test_annotation_without_info_trains_and_evaluates(tmp_path):

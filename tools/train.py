@@ -1,6 +1,6 @@
 """Train a detector or classifier from a config (mmdet's tools/train.py semantics).
 
-    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp]
+    .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp [--amp-dtype bfloat16]]
         [--auto-scale-lr] [--partial-load] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
 Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
@@ -29,6 +29,9 @@ def parse_args():
     parser.add_argument('--amp', action='store_true',
                         help='automatic mixed precision: fp16 with dynamic loss scale on CUDA, '
                              'bf16 autocast on the CPU')
+    parser.add_argument('--amp-dtype', choices=['float16', 'bfloat16'],
+                        help='with --amp on CUDA: the autocast dtype (optim_wrapper.dtype; default float16); '
+                             'the CPU always uses bfloat16')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale lr by total batch / auto_scale_lr.base_batch_size')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
@@ -49,7 +52,8 @@ def parse_args():
 def main():
     args = parse_args()
     cfg = load_config(args.config, work_dir=args.work_dir, cfg_options=args.cfg_options,
-                      launcher=args.launcher, amp=args.amp, auto_scale_lr=args.auto_scale_lr,
+                      launcher=args.launcher, amp=args.amp, amp_dtype=args.amp_dtype,
+                      auto_scale_lr=args.auto_scale_lr,
                       resume=args.resume, partial_load=args.partial_load)
     build_runner(cfg).train()
 

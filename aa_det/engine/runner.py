@@ -52,17 +52,21 @@ def _prepare_compile(cfg: Config, path: str) -> None:
 
 
 def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
-                launcher: str = 'none', amp: bool = False, auto_scale_lr: bool = False,
+                launcher: str = 'none', amp: bool = False, amp_dtype: Optional[str] = None,
+                auto_scale_lr: bool = False,
                 resume: Optional[str] = None, partial_load: bool = False) -> Config:
     """Read a config and apply the command-line semantics of mmdet's tools.
 
     * ``launcher='none'`` or no CUDA: SyncBN -> BN (SyncBN runs only on GPUs in
       a process group).
     * no CUDA: distributed runs on the CPU (gloo, DDP without device ids).
-    * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale) on CUDA.
+    * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale) on CUDA; ``amp_dtype``
+      (``'float16'`` or ``'bfloat16'``) sets its ``optim_wrapper.dtype``.
       Without CUDA, where mmengine's ``AmpOptimWrapper`` asserts a GPU, ``amp``
       or an ``AmpOptimWrapper`` in the config becomes ``CPUAmpOptimWrapper``
       (bf16 autocast, no loss scale; ``loss_scale`` / ``dtype`` are dropped).
+    * ``FocalLoss`` in the model becomes ``Float32FocalLoss`` (the same loss; bf16 logits are
+      cast to float32, which mmcv's CUDA kernel needs).
     * ``CocoMetric`` in the val / test evaluators becomes ``LenientCocoMetric``
       (the same metric; it also accepts annotation files without ``info``).
     * ``CocoDataset`` in the dataloaders becomes ``CheckedCocoDataset`` (the same
@@ -102,16 +106,24 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
                                      broadcast_buffers=False,
                                      find_unused_parameters=cfg.get('find_unused_parameters', False))
+    if amp_dtype is not None:
+        if not amp:
+            raise ConfigError(f'--amp-dtype {amp_dtype} needs --amp')
+        if amp_dtype not in ('float16', 'bfloat16'):
+            raise ConfigError(f"--amp-dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
     if amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         if torch.cuda.is_available():
             cfg.optim_wrapper.loss_scale = 'dynamic'
+            if amp_dtype is not None:
+                cfg.optim_wrapper.dtype = amp_dtype
     if not torch.cuda.is_available() and cfg.get('optim_wrapper', {}).get('type') == 'AmpOptimWrapper':
         for key in ('loss_scale', 'dtype', 'use_fsdp'):
             cfg.optim_wrapper.pop(key, None)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
     if cfg.get('compile') not in (None, False):  # as mmengine reads it: True or a dict, even empty
         _prepare_compile(cfg, path)
+    _replace_type(cfg.model, 'FocalLoss', 'Float32FocalLoss')
     for name in ('val_evaluator', 'test_evaluator'):
         _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
     for split in ('train', 'val', 'test'):

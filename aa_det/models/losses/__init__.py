@@ -1,0 +1,3 @@
+from .focal_loss import Float32FocalLoss
+
+__all__ = ['Float32FocalLoss']

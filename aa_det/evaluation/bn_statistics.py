@@ -21,11 +21,14 @@ Example:
     ...                          stacked_convs=1, norm_cfg=dict(type='BN')))
     >>> [(name, calls) for name, calls in shared_head_norms(head)]
     [('cls_convs.0.bn', 5), ('reg_convs.0.bn', 5)]
-    >>> bn = torch.nn.BatchNorm2d(4).eval()
-    >>> with RunningStatisticsGap(bn) as gap, torch.no_grad():
-    ...     _ = bn(torch.randn(2, 4, 8, 8) * 3 + 1)
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
+    >>> with RunningStatisticsGap(model) as gap, torch.no_grad():
+    ...     _ = model(torch.randn(2, 3, 8, 8))
     >>> [(name, calls) for name, calls, mean, scale in gap.table()]
-    [('', 1)]
+    [('1', 1)]
+    >>> with batch_statistics(model):
+    ...     model(torch.randn(2, 3, 8, 8)).mean(dim=(0, 2, 3)).abs().max() < 1e-5
+    tensor(True)
 """
 import contextlib
 import math

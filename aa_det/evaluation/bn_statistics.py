@@ -49,7 +49,8 @@ def shared_head_norms(head: nn.Module) -> List[Tuple[str, int]]:
 
     The head runs once in eval mode, under ``no_grad``, on one 4x4 map per level (its
     ``prior_generator.num_levels`` maps of its ``in_channels``); module modes and statistics are
-    left as they were. A head without those attributes, or without BatchNorms, gives ``[]``.
+    left as they were. A head without those attributes, without BatchNorms, or whose forward does
+    not run on such maps, gives ``[]``.
 
     Args:
         head (nn.Module): a built dense head (``model.bbox_head``).
@@ -76,6 +77,8 @@ def shared_head_norms(head: nn.Module) -> List[Tuple[str, int]]:
         head.eval()
         with torch.no_grad():
             head(tuple(parameter.new_zeros(1, channels, 4, 4) for _ in range(levels)))
+    except Exception:  # a head whose forward wants more than its levels' maps: not inspected
+        return []
     finally:
         for handle in handles:
             handle.remove()

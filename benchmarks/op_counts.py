@@ -66,7 +66,7 @@ GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backwar
             '_scaled_dot_product', 'matmul', 'linear')
 
 
-NO_KERNEL_OPS = ('detach', '_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty')
+NO_KERNEL_OPS = ('detach', '_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided')
 _sdpa = F.scaled_dot_product_attention
 
 

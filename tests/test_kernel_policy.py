@@ -106,10 +106,10 @@ def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.detach().float() for t in (qs, ks, vs))
     rel_h, rel_w = ra.relative_logits_2d(q16.view(2, 4, H, W, -1), th.float(), tw.float())
-    scale = ra._fp16_fold_scale(rel_h, rel_w)
+    scale = ra._fp16_fold_scale(torch.cat([rel_h, rel_w], -1))
     assert scale > 1
     rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds
-    expected = ra.attention_sdpa_folded(q16, k16, v16, rel_h, rel_w, H, W)
+    expected = ra.attention_materialized(q16, k16, v16, rel_h, rel_w, H, W)
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
 
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention, row_attention
-from aa_det.models.layers.relative_attention import (_add_relative, attention_sdpa_folded, choose_impl, kernel_dtype,
+from aa_det.models.layers.relative_attention import (_add_relative, attention_materialized, attention_sdpa_folded,
+                                                     choose_impl, kernel_dtype,
                                                      relative_attention, relative_logits_2d)
 
 from attention_inputs import aa_inputs, rel_err
@@ -32,10 +33,10 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
     qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
     ths, tws = (t.to(acc).requires_grad_() for t in (th, tw))
     B, Nh, N, d = q.shape
-    rel_h, rel_w = relative_logits_2d(qs.to(acc).view(B, Nh, H, W, d), ths, tws)
     if kind == 'ours':
-        out = attention_sdpa_folded(qs, ks, vs, rel_h, rel_w, H, W, dtype)
+        out = attention_sdpa_folded(qs, ks, vs, ths, tws, H, W, dtype)
     else:
+        rel_h, rel_w = relative_logits_2d(qs.to(acc).view(B, Nh, H, W, d), ths, tws)
         bias = _add_relative(torch.zeros(B, Nh, N, N, dtype=acc, device=device), rel_h, rel_w, H, W)
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias.to(dtype), scale=1.0)
     grads = torch.autograd.grad((out.double() * gout).sum(), (qs, ks, vs, ths, tws))
@@ -67,10 +68,10 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range():
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
     rel_h, rel_w = relative_logits_2d(q16.view(2, 4, 12, 10, 20), th.float(), tw.float())
-    scale = _fp16_fold_scale(rel_h, rel_w)
+    scale = _fp16_fold_scale(torch.cat([rel_h, rel_w], -1))
     assert scale > 1
     rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds
-    expected = attention_sdpa_folded(q16, k16, v16, rel_h, rel_w, 12, 10)
+    expected = attention_materialized(q16, k16, v16, rel_h, rel_w, 12, 10)
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
 
 

@@ -172,7 +172,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
             dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
             dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
             dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
-            demb_chunk = torch.bmm(qs.transpose(1, 2), dlogits)  # [L (x), dk, L (i)]
+            demb_chunk = torch.bmm(dlogits.transpose(1, 2), qs).transpose(1, 2)  # [L (x), dk, L (i)], emb's layout
             demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
         dq, dv = (dqs[0], dvs[0]) if len(dqs) == 1 else (torch.cat(dqs, 1), torch.cat(dvs))
         dcontext = None
@@ -249,7 +249,8 @@ def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype
     Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
     tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
     emb = F.embedding(size_constant(_axial_index, H, Mc, W, Mr, tables.device), tables).to(dtype)  # [H * H + W * W, dkh]
-    return emb[:H * H].view(H, H, -1), emb[H * H:].view(W, W, -1)
+    emb_col, emb_row = emb.split([H * H, W * W])  # its backward: one concatenation
+    return emb_col.view(H, H, -1), emb_row.view(W, W, -1)
 
 
 def _axial_index(H: int, Mc: int, W: int, Mr: int, device) -> Tensor:

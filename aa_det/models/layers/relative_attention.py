@@ -214,20 +214,21 @@ def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], 
     return _BlockedAttention.apply(q, k, v, rel_h, rel_w, H, W, rows)  # [B, Nh, HW, dv]
 
 
-def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
-                          rel_w: Optional[Tensor], H: int, W: int,
+def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
+                          table_w: Optional[Tensor], H: int, W: int,
                           dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> Tensor:
     """Relative logits folded into one fused ``scaled_dot_product_attention``.
 
-    ``[q, rel_h, rel_w] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]`` exactly, with
-    ``H + W`` extra head dims (zero-padded to a multiple of 8; key columns: :func:`_fold_columns`).
+    ``[q, S^H_i, S^W_i] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]`` exactly, with
+    ``H + W`` extra head dims (zero-padded to a multiple of 8). The query side is one GEMM and one gather
+    (:func:`folded_queries`), the key side one concatenation with constant columns (:func:`_fold_columns`).
 
     Args:
-        q, k, v, H, W: as :func:`attention_materialized`.
-        rel_h, rel_w (Tensor | None): from :func:`relative_logits_2d` (``[B, Nh, HW, H]``)
-            or :func:`relative_logits_5d` (``[B, Nh, H, W, H]``), any layout.
+        q, k, v, H, W: as :func:`attention_materialized`; ``q`` unscaled when ``scale`` is given.
+        table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings (float32 under AMP), or None.
         dtype (torch.dtype, optional): the fused kernel's dtype; defaults to ``q``'s. With float16 the
-            relative logits are folded as ``rel / s`` against one-hot columns of ``s`` (:func:`_fp16_fold_scale`).
+            relative logits are computed in float32 and folded as ``rel / s`` against one-hot columns of
+            ``s`` (:func:`_fp16_fold_scale`).
         scale (float): every logit's factor, applied inside the fused kernel. Defaults to 1.0.
 
     Returns:
@@ -239,24 +240,65 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tenso
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
     v = _pad_last(v.to(dtype), 8)  # zeros add nothing to the output's first dv columns
-    if rel_h is None:
+    if table_h is None:
         q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
     else:
         pad = (8 - (d + H + W) % 8) % 8  # not -(d + H + W) % 8: _pad_last says why
         if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
             pad += 8
-        rel_h, rel_w = rel_h.view(B, Nh, H, W, H), rel_w.view(B, Nh, H, W, W)
         columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
+        gemm_dtype = torch.float32 if dtype == torch.float16 else dtype  # float16 holds no logit past 65504
+        q = folded_queries(q, table_h, table_w, H, W, pad, gemm_dtype)  # [B, Nh, HW, d + H + W + pad]
         if dtype == torch.float16:
-            fold = _fp16_fold_scale(rel_h, rel_w)
-            rel_h, rel_w = rel_h / fold, rel_w / fold
+            fold = _fp16_fold_scale(q[..., d:])
+            q = q.div(torch.where(size_constant(_relative_columns, d, q.shape[-1], q.device), fold, 1.0)).to(dtype)
             columns = columns * fold.to(dtype)
-        zeros = _zeros(dtype, q.device).expand(B, Nh, H, W, pad)
-        q = torch.cat([q.to(dtype).view(B, Nh, H, W, d), rel_h.to(dtype), rel_w.to(dtype), zeros],
-                      dim=-1).view(B, Nh, N, -1)  # [B, Nh, HW, d + H + W + pad]
         k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out[..., :dv]
+
+
+def folded_queries(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int, pad: int,
+                   dtype: torch.dtype) -> Tensor:
+    """The query side of :func:`attention_sdpa_folded`: ``[q_i, S^H_i, S^W_i, 0]`` per query.
+
+    ``q @ [I, R_h^T, R_w^T, 0]`` is every query's dot product with every table row (and the query itself);
+    one gather (:func:`_fold_index`) then reads, for query ``(h_i, w_i)``, the rows of offsets ``h - h_i``
+    and ``w - w_i``: eq. (3)'s ``S^H`` and ``S^W`` without a copy per axis.
+
+    Args:
+        q (Tensor): ``[B, Nh, HW, d]`` (any layout).
+        table_h, table_w (Tensor): ``[2M - 1, d]``.
+        H, W (int): the map; pad (int): zero columns after the relative logits.
+        dtype (torch.dtype): the GEMM's (``q`` and the tables are cast to it).
+
+    Returns:
+        Tensor: ``[B, Nh, HW, d + H + W + pad]`` in ``dtype``.
+    """
+    B, Nh, N, d = q.shape
+    weight = torch.cat([size_constant(eye, d, d, table_h.dtype, q.device), table_h, table_w,
+                        size_constant(torch.zeros, 1, d, dtype=table_h.dtype, device=q.device)]).to(dtype)  # [C, d]
+    products = F.linear(packed(q, dtype), weight)  # [B, Nh, HW, C]
+    index = size_constant(_fold_index, H, W, d, table_h.shape[0], table_w.shape[0], pad, q.device)  # [HW, D]
+    return products.gather(-1, index.expand(B, Nh, N, -1))
+
+
+def _fold_index(H: int, W: int, d: int, rows_h: int, rows_w: int, pad: int, device) -> Tensor:
+    """Columns of :func:`folded_queries`' products each query reads: ``[HW, d + H + W + pad]`` long.
+
+    Its own ``d`` columns, then ``d + relative_index(H)[h_i]``, ``d + rows_h + relative_index(W)[w_i]``,
+    then the zero column ``pad`` times.
+    """
+    own = torch.arange(d, device=device).expand(H, W, d)
+    ih = (relative_index(H, (rows_h + 1) // 2, device) + d)[:, None].expand(H, W, H)  # [H (h_i), W, H (h_j)]
+    iw = (relative_index(W, (rows_w + 1) // 2, device) + d + rows_h).expand(H, W, W)  # [H, W (w_i), W (w_j)]
+    zero = torch.full((H, W, pad), d + rows_h + rows_w, dtype=torch.long, device=device)
+    return torch.cat([own, ih, iw, zero], -1).view(H * W, -1)
+
+
+def _relative_columns(d: int, columns: int, device) -> Tensor:
+    """``[columns]`` bool: the folded query's columns after its own ``d``."""
+    return torch.arange(columns, device=device) >= d
 
 
 def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
@@ -272,9 +314,9 @@ def _zeros(dtype: torch.dtype, device) -> Tensor:
     return size_constant(torch.zeros, (), dtype=dtype, device=device)
 
 
-def _fp16_fold_scale(rel_h: Tensor, rel_w: Tensor) -> Tensor:
+def _fp16_fold_scale(rel: Tensor) -> Tensor:
     """The power of two ``s`` in ``[1, 2^15]`` with ``max |rel| / s <= 2^14``, as a 0-d tensor."""
-    amax = torch.maximum(rel_h.detach().abs().amax(), rel_w.detach().abs().amax()).float()
+    amax = rel.detach().abs().amax().float()
     return torch.exp2(torch.log2(amax / 2 ** 14).ceil().clamp(0, 15))
 
 
@@ -317,14 +359,14 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     with torch.autocast(q.device.type, enabled=False):
         if impl != 'sdpa' and scale != 1.0:
             q = q * scale
-        rel_h = rel_w = None
-        if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
-            rel_dtype = torch.promote_types(q.dtype, torch.float32)
-            rel = relative_logits_5d if impl == 'sdpa' else relative_logits_2d  # the fused kernel reads any layout
-            rel_h, rel_w = rel(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype), table_w.to(rel_dtype))
         if impl == 'sdpa':
-            out = attention_sdpa_folded(q, k, v, rel_h, rel_w, H, W, dtype, scale)
+            out = attention_sdpa_folded(q, k, v, table_h, table_w, H, W, dtype, scale)
         elif impl in ('blocked', 'materialized'):
+            rel_h = rel_w = None
+            if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
+                rel_dtype = torch.promote_types(q.dtype, torch.float32)
+                rel_h, rel_w = relative_logits_2d(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype),
+                                                  table_w.to(rel_dtype))
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             if impl == 'blocked':
                 out = attention_blocked(q, k, v, rel_h, rel_w, H, W, block_elems)

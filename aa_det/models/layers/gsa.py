@@ -393,8 +393,10 @@ class GlobalSelfAttention2d(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
         qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
-        args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels),
-                compute_dtype(qkv.dtype, kernel_device(qkv.device.type)), tuple(self.operands.values()))
+        dtype = compute_dtype(qkv.dtype, kernel_device(qkv.device.type))
+        qkv = qkv.to(dtype)  # float16 -> bfloat16 once (its gradient back once), for every product and softmax
+        args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels), dtype,
+                tuple(self.operands.values()))
         ops = dict(zip(self.operands, gsa_operands(*args)))
         # with a column branch, content attention's product with q runs in its kernel
         alone = 'content' in self.components and 'column' not in self.components

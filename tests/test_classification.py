@@ -11,7 +11,8 @@ import torch
 from mmengine.config import Config
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
-from aa_det.datasets import check_classification_data, generate_shapes_folder
+from aa_det.datasets import generate_shapes_folder
+from aa_det.engine import check_classification_data
 from aa_det.engine import ConfigError, build_runner, load_config
 
 from demo_config import demo_options

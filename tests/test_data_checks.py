@@ -253,3 +253,30 @@ def test_validation_set_without_annotations_warns(data, tmp_path):
     log = open(runner.logger.handlers[-1].baseFilename).read()
     assert re.search(r'WARNING - aa_det: \S+instances_val.json has no annotations: every COCO metric of this set '
                      r'will be -1', log), log[-2000:]
+
+
+@pytest.mark.parametrize('wrapper, broken', [('ConcatDataset', 'ann_file'), ('RepeatDataset', 'image folder')])
+def test_missing_file_inside_a_dataset_wrapper_is_one_line_from_the_tool(data, tmp_path, wrapper, broken):
+    """A ``ConcatDataset`` (alone, or inside a ``RepeatDataset``) of the demo's training set and a second
+    set whose annotation file or image folder is missing: ``tools/train.py`` names the second set's key
+    before the Runner is built (before: it passed the check and failed when the dataloader was built)."""
+    cfg = load_config(DEMO, cfg_options=demo_options(data, **ONE_ITER))
+    first = cfg.train_dataloader.dataset
+    second = first.copy()
+    if broken == 'ann_file':
+        second.ann_file = 'annotations/missing.json'
+        problem = rf'annotation file not found: {re.escape(str(data))}/annotations/missing.json'
+    else:
+        second.data_prefix = dict(img='missing/')
+        problem = rf'image folder not found: {re.escape(str(data))}/missing/'
+    key = 'train_dataloader.dataset.datasets[1]'
+    cfg.train_dataloader.dataset = dict(type='ConcatDataset', datasets=[first, second])
+    if wrapper == 'RepeatDataset':
+        cfg.train_dataloader.dataset = dict(type='RepeatDataset', times=2, dataset=cfg.train_dataloader.dataset)
+        key = 'train_dataloader.dataset.dataset.datasets[1]'
+    path = tmp_path / 'wrapped.py'
+    cfg.dump(str(path))
+    out = run_tool('train.py', path, '--work-dir', tmp_path / 'work')
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert re.fullmatch(rf'aa_det: {re.escape(key)}\.\S+: {problem}\n', own_stderr(out.stderr)), out.stderr[-2000:]
+    assert not (tmp_path / 'work').exists() or not any((tmp_path / 'work').rglob('*.pth'))

@@ -1,4 +1,6 @@
-"""Registration, safe checkpoint loading with a real mmengine Runner, environment errors."""
+"""Registration, the subpackages' import direction, safe checkpoint loading with a real mmengine Runner,
+environment errors."""
+import ast
 import os
 import pickle
 import subprocess
@@ -24,6 +26,53 @@ def test_import_registers_into_mmdet_scope():
     assert MODELS.get('AAResNet') is not None and MODELS.get('GSAResNet') is not None
     # conv layers live where mmcv's build_conv_layer looks, from any scope
     assert ROOT_MODELS.get('AAConv') is not None and ROOT_MODELS.get('GSA') is not None
+
+
+#: aa_det's subpackages, each importing only from those before it (docs/design.md, "Layout")
+LAYERS = ('utils', 'models', 'datasets', 'evaluation', 'engine')
+
+
+def _aa_det_imports(path):
+    """``(line, imported subpackage, inside a function)`` of every import of aa_det's subpackages in a module."""
+    tree = ast.parse(open(path).read())
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)}
+    package = os.path.relpath(os.path.dirname(path), ROOT).split(os.sep)  # ['aa_det', 'models', 'layers']
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            names = ['.'.join(base + ([node.module] if node.module else []))]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split('.')
+            if parts[0] == 'aa_det' and len(parts) > 1 and parts[1] in LAYERS:
+                yield node.lineno, parts[1], id(node) in nested
+
+
+def test_subpackages_import_in_one_direction():
+    """Each subpackage imports aa_det's code only from itself and the layers before it, and never
+    from inside a function (an import that dodges a loop)."""
+    problems = []
+    for package in LAYERS:
+        for folder, _, files in os.walk(os.path.join(ROOT, 'aa_det', package)):
+            for name in files:
+                path = os.path.join(folder, name)
+                if not name.endswith('.py'):
+                    continue
+                for line, imported, nested in _aa_det_imports(path):
+                    if LAYERS.index(imported) > LAYERS.index(package) or nested:
+                        problems.append(f'{os.path.relpath(path, ROOT)}:{line} imports aa_det.{imported}'
+                                        f'{" inside a function" if nested else ""}')
+    assert not problems, problems
+
+
+@pytest.mark.parametrize('package', LAYERS)
+def test_each_subpackage_imports_alone_in_a_fresh_interpreter(package):
+    out = subprocess.run([sys.executable, '-c', f'import aa_det.{package}'], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
 
 
 def test_custom_imports_in_a_config_registers_in_a_fresh_process(tmp_path):

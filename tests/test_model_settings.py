@@ -14,7 +14,7 @@ from mmdet.registry import MODELS
 
 from aa_det.datasets import generate_shapes_coco
 from aa_det.engine import ConfigError, build_runner, load_config
-from aa_det.engine.model_checks import check_model_config, coco_category_names
+from aa_det.engine.checks import check_model_config, coco_category_names
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 
 from demo_config import DEMO, ROOT, demo_options

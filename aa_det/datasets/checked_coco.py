@@ -37,7 +37,7 @@ HEADER_CHECK_LIMIT = 10000
 #: EXIF orientations that swap width and height (the decoders apply them)
 _TRANSPOSED = (5, 6, 7, 8)
 
-from ..engine.errors import ConfigError
+from ..utils.errors import ConfigError
 
 
 @contextmanager

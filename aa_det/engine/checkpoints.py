@@ -20,7 +20,7 @@ import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
-from .errors import ConfigError
+from ..utils.errors import ConfigError
 
 # Keys that may differ when ``load_from`` fine-tunes a detector to other classes: the
 # classification layers of the detection heads (RetinaNet's ``retina_cls``, the FCOS /

@@ -27,7 +27,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
 from ..utils.compat import module_ints_constant
-from .errors import ConfigError
+from ..utils.errors import ConfigError
 
 
 class NonFiniteLossError(ConfigError):

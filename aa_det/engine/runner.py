@@ -1,7 +1,5 @@
 """Config loading and Runner construction shared by tools/train.py and tools/test.py."""
-import mmap
 import os.path as osp
-import re
 from typing import Optional
 
 import torch
@@ -14,8 +12,8 @@ from mmengine.runner import Runner
 from ..evaluation.bn_statistics import shared_head_norms
 from ..utils.compat import TORCH_VERSION
 from .checkpoints import check_checkpoint_fits, check_run_checkpoint
-from .errors import ConfigError
-from .model_checks import check_model_config
+from ..utils.errors import ConfigError
+from .checks import check_run_config
 
 
 def _replace_type(cfg, old: str, new: str):
@@ -143,84 +141,6 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     return cfg
 
 
-_COCO_KEYS = {key: re.compile(rb'"%s"\s*:' % key.encode()) for key in ('images', 'annotations', 'categories')}
-_LEADING_SPACE = re.compile(rb'\s*')
-
-
-def check_coco_annotation(ann_file: str):
-    """Fail with the file's name unless it looks like a COCO detection json.
-
-    A cheap check, not a parse (mmdet parses the file right after, in every
-    rank): the file, memory-mapped, must be one JSON object (``{`` ... ``}``)
-    naming the keys ``"images":``, ``"annotations":`` and ``"categories":``
-    (searched in C by ``re``, anywhere in the file).
-    """
-    if not osp.isfile(ann_file):
-        raise ConfigError(f'annotation file not found: {ann_file}')
-    try:
-        with open(ann_file, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            end = len(data)
-            while end and data[end - 1] in b' \t\r\n':
-                end -= 1
-            start = _LEADING_SPACE.match(data).end()
-            is_object = start < end and data[start] == ord('{') and data[end - 1] == ord('}')
-            missing = [key for key, pattern in _COCO_KEYS.items() if not pattern.search(data)]
-    except ValueError:  # mmap refuses an empty file
-        is_object = False
-    except OSError as e:
-        raise ConfigError(f'annotation file cannot be read: {ann_file} ({e})') from e
-    if not is_object:
-        raise ConfigError(f'annotation file is not a JSON object ({{...}}): {ann_file}')
-    if missing:
-        raise ConfigError(f'annotation file is not COCO format (no {", ".join(missing)}): {ann_file}')
-
-
-def check_datasets(cfg: Config, splits=('train', 'val', 'test')):
-    """Every dataloader's annotation file and image folder exist (COCO ones are checked too).
-
-    Args:
-        splits (Sequence[str]): the dataloaders the run uses (``tools/test.py``: ``('test',)``).
-    """
-    for name in (f'{split}_dataloader' for split in splits):
-        loader = cfg.get(name)
-        if not loader or 'dataset' not in loader:
-            continue
-        dataset = loader['dataset']
-        while 'dataset' in dataset:  # wrappers (RepeatDataset, ...)
-            dataset = dataset['dataset']
-        root = dataset.get('data_root') or ''
-        ann = dataset.get('ann_file')
-        if ann:
-            ann_path = osp.join(root, ann)
-            if dataset.get('type') in ('CocoDataset', 'CheckedCocoDataset'):
-                check_coco_annotation(ann_path)
-            elif not osp.exists(ann_path):
-                raise ConfigError(f'{name}.dataset.ann_file not found: {ann_path}')
-        prefix = dataset.get('data_prefix')  # mmdet's dict(img=...); mmpretrain's str: its checks
-        img_dir = prefix.get('img') if isinstance(prefix, dict) else None
-        if img_dir is not None and not osp.isdir(osp.join(root, img_dir)):
-            raise ConfigError(f'{name}.dataset image folder not found: {osp.join(root, img_dir)}')
-
-
-def check_pretrained(cfg: Config):
-    """Every local ``Pretrained`` checkpoint in the model config exists (URLs and
-    ``scheme://`` names are left to mmengine)."""
-    def visit(node, path):
-        if isinstance(node, dict):
-            if node.get('type') == 'Pretrained':
-                ckpt = node.get('checkpoint')
-                if isinstance(ckpt, str) and '://' not in ckpt and not osp.isfile(ckpt):
-                    raise ConfigError(f'{path}.checkpoint not found: {ckpt} (pretrain it with the '
-                                      f'classification path, or override it with --cfg-options)')
-            for key, value in node.items():
-                visit(value, f'{path}.{key}')
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                visit(value, f'{path}[{i}]')
-
-    visit(cfg.get('model', {}), 'model')
-
-
 def shared_head_norm_warning(model) -> Optional[str]:
     """One line naming the dense head whose forward applies its BatchNorms to every FPN level
     (mmdet's ``RetinaHead`` with a BN ``norm_cfg``), what that costs at evaluation and the fix;
@@ -254,9 +174,7 @@ def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     checkpoint is unusable resumes from the newest usable one. A dense head that shares its
     BatchNorms across FPN levels is named in one warning (:func:`shared_head_norm_warning`).
     """
-    check_datasets(cfg, splits)
-    check_pretrained(cfg)
-    check_model_config(cfg, splits)
+    check_run_config(cfg, splits)
     checkpoint = check_run_checkpoint(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the

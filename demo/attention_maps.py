@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.relative_attention import relative_index, relative_logits_2d
+from aa_det.models.layers.relative_attention import relative_logits
+from aa_det.models.layers.relative_position import relative_index
 
 
 def attention_weights(layer, x: Tensor, queries: Tensor) -> dict:
@@ -47,11 +48,12 @@ def attention_weights(layer, x: Tensor, queries: Tensor) -> dict:
 
 def aa_weights(conv: AAConv2d, x: Tensor, queries: Tensor) -> Tensor:
     """Softmax weights of AA eq. (3) for ``queries``: ``[B, Nh, P, h, w]`` in float32."""
-    q, k, _, (h, w) = conv.qkv_heads(conv.attention_input(x))  # [B, Nh, hw, dkh], scaled
+    q, k, _, (h, w) = conv.qkv_heads(conv.attention_input(x))  # [B, Nh, hw, dkh]
+    q = q * conv.scale
     idx = queries[:, 0] * w + queries[:, 1]
     logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
     if conv.position == 'relative':
-        rel_h, rel_w = relative_logits_2d(q.reshape(*q.shape[:2], h, w, -1), *conv.relative_tables(h, w))
+        rel_h, rel_w = relative_logits(q.reshape(*q.shape[:2], h, w, -1), *conv.relative_tables(h, w))
         logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
                   + rel_w[:, :, idx, None, :]).flatten(-2)
     return logits.float().softmax(-1).view(*logits.shape[:3], h, w)

@@ -22,7 +22,7 @@ def test_aa_maps_are_the_softmax_weights_the_forward_uses():
     x = torch.randn(1, 8, 5, 6, dtype=torch.float64)
     maps = attention_weights(conv, x, QUERIES)['attention'].double()  # [1, Nh, P, 5, 6], float32 for drawing
     q, k, v, (h, w) = conv.qkv_heads(x)
-    attn = relative_attention(q, k, v, conv.rel_h, conv.rel_w, h, w)  # [1, Nh, hw, dvh]
+    attn = relative_attention(q, k, v, conv.rel_h, conv.rel_w, h, w, scale=conv.scale)  # [1, Nh, hw, dvh]
     assert torch.allclose(maps.sum((-1, -2)), torch.ones(1, 2, 3, dtype=torch.float64))
     torch.testing.assert_close(maps.flatten(-2) @ v, attn[:, :, QUERIES[:, 0] * w + QUERIES[:, 1]],
                                rtol=1e-5, atol=1e-6)

@@ -82,7 +82,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
     # PyTorch's SDPA on the same inputs and dtype, the relative logits (float32) as a mask
     qt, kt, vt = (t.to(dtype).requires_grad_() for t in (q, k, v))
     tht, twt = (t.float().requires_grad_() for t in (th, tw))
-    rel_h, rel_w = ra.relative_logits_2d(qt.float().view(2, 4, H, W, -1), tht, twt)
+    rel_h, rel_w = ra.relative_logits(qt.float().view(2, 4, H, W, -1), tht, twt)
     bias = ra._add_relative(torch.zeros(2, 4, H * W, H * W), rel_h, rel_w, H, W)
     torchs = _grads(F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias.to(dtype), scale=1.0), gout,
                     (qt, kt, vt, tht, twt))
@@ -105,7 +105,7 @@ def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
     grads = torch.autograd.grad((out.float() * gout.float()).sum(), (qs, ks, vs, ths, tws))
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.detach().float() for t in (qs, ks, vs))
-    rel_h, rel_w = ra.relative_logits_2d(q16.view(2, 4, H, W, -1), th.float(), tw.float())
+    rel_h, rel_w = ra.relative_logits(q16.view(2, 4, H, W, -1), th.float(), tw.float())
     scale = ra._fp16_fold_scale(torch.cat([rel_h, rel_w], -1))
     assert scale > 1
     rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds
@@ -188,7 +188,7 @@ def test_axial_embeddings_are_both_axes_relative_embeddings():
     """GSA's embeddings of both axes in one gather equal each axis's own
     relative_embeddings, values and gradients, in float64, tables covering the map and clipped."""
     from aa_det.models.layers.gsa import axial_embeddings
-    from aa_det.models.layers.relative_attention import relative_embeddings
+    from aa_det.models.layers.relative_position import relative_embeddings
     g = torch.Generator().manual_seed(0)
     for mc, mr in ((12, 12), (5, 9), (3, 4)):
         tables = [torch.randn(2 * m - 1, 4, dtype=torch.float64, generator=g) for m in (mc, mr)]

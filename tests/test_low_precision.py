@@ -13,7 +13,7 @@ from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention, row_attention
 from aa_det.models.layers.relative_attention import (_add_relative, attention_materialized, attention_sdpa_folded,
                                                      choose_impl, kernel_dtype,
-                                                     relative_attention, relative_logits_2d)
+                                                     relative_attention, relative_logits)
 
 from attention_inputs import aa_inputs, rel_err
 from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL, CPU_FP16_SDPA
@@ -36,7 +36,7 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
     if kind == 'ours':
         out = attention_sdpa_folded(qs, ks, vs, ths, tws, H, W, dtype)
     else:
-        rel_h, rel_w = relative_logits_2d(qs.to(acc).view(B, Nh, H, W, d), ths, tws)
+        rel_h, rel_w = relative_logits(qs.to(acc).view(B, Nh, H, W, d), ths, tws)
         bias = _add_relative(torch.zeros(B, Nh, N, N, dtype=acc, device=device), rel_h, rel_w, H, W)
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias.to(dtype), scale=1.0)
     grads = torch.autograd.grad((out.double() * gout).sum(), (qs, ks, vs, ths, tws))
@@ -67,7 +67,7 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range():
     out, *grads = _aa_run('ours', (q, k, v, th, tw, gout), torch.float16)
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
-    rel_h, rel_w = relative_logits_2d(q16.view(2, 4, 12, 10, 20), th.float(), tw.float())
+    rel_h, rel_w = relative_logits(q16.view(2, 4, 12, 10, 20), th.float(), tw.float())
     scale = _fp16_fold_scale(torch.cat([rel_h, rel_w], -1))
     assert scale > 1
     rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds

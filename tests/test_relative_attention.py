@@ -108,10 +108,10 @@ def test_permutation_equivariance(position, equivariant):
     perm = torch.randperm(30, generator=torch.Generator().manual_seed(1))
     q, k, v, hw = conv.qkv_heads(x)
     tables = (conv.rel_h, conv.rel_w) if position == 'relative' else (None, None)
-    out = relative_attention(q, k, v, *tables, *hw)
+    out = relative_attention(q, k, v, *tables, *hw, scale=conv.scale)
     xp = x.flatten(-2)[..., perm].reshape(x.shape)
     qp, kp, vp, _ = conv.qkv_heads(xp)
-    outp = relative_attention(qp, kp, vp, *tables, *hw)
+    outp = relative_attention(qp, kp, vp, *tables, *hw, scale=conv.scale)
     assert torch.allclose(out[:, :, perm], outp) == equivariant
 
 

@@ -26,7 +26,8 @@ from torch import Tensor
 from .kernel_policy import graph_mode
 from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
-from .relative_attention import IMPLS, init_relative_table, relative_attention
+from .relative_attention import IMPLS, relative_attention
+from .relative_position import init_relative_table
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
 
@@ -191,9 +192,9 @@ class AAConv2d(BaseModule):
             x = coord_channels(x)
         return x
 
-    def qkv_heads(self, x: Tensor, scaled: bool = True):
-        """Queries (scaled by ``dkh ** -0.5`` unless ``scaled=False``), keys and values per head
-        from the attention input.
+    def qkv_heads(self, x: Tensor):
+        """Queries, keys and values per head from the attention input; the logits' factor
+        ``dkh ** -0.5`` is ``self.scale``, applied by the kernel.
 
         Returns:
             tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
@@ -202,11 +203,11 @@ class AAConv2d(BaseModule):
         sizes = (self.key_channels, self.key_channels, self.value_channels)
         qkv = self.qkv(x)  # [B, 2 dk + dv, h, w]: k, q, v
         k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
-        return q * self.scale if scaled else q, k, v, (h, w)
+        return q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
-        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x), scaled=False)  # the kernel scales
+        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x))
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.scale)  # [B, Nh, hw, dvh]
         attn = self._project(attn, h, w)  # [B, dv, h, w]

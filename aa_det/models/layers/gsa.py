@@ -25,9 +25,9 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, size_constant
+from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
 from .offset_range import TrainedOffsetRange
-from .relative_attention import init_relative_table, packed, relative_embeddings, relative_index
+from .relative_position import init_relative_table, relative_embeddings, relative_index
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands',
            'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'GSA_COMPONENTS',

@@ -77,6 +77,11 @@ def size_constant(build: Callable[..., torch.Tensor], *args, **kwargs) -> torch.
 _cached_constant = functools.lru_cache(maxsize=256)(lambda build, *args, **kwargs: build(*args, **kwargs))
 
 
+def packed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` contiguous in ``dtype``, in one copy (the cast and the layout change together)."""
+    return t.contiguous() if t.dtype == dtype else t.to(dtype, memory_format=torch.contiguous_format)
+
+
 def choose_impl(device_type: str, num_logits: int, amp_dtype: Optional[torch.dtype] = None) -> str:
     """The fastest exact AA kernel for ``num_logits = B * Nh * (HW)^2`` under policy ``device_type``
     (docs/design.md, "Precision under AMP").

@@ -5,8 +5,8 @@ Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, eq. (3)::
     logit(i, j) = q_i . k_j + q_i . r^H[h_j - h_i] + q_i . r^W[w_j - w_i]
 
 with ``q`` scaled by ``dkh ** -0.5``. Per query the relative terms are tables of ``H`` and ``W`` numbers
-(:func:`relative_logits_2d`), added to the content logits by broadcasting. Tables of ``2 * max_dist - 1`` rows
-clip larger offsets to the ends (Shaw et al., 2018). Three exact kernels (tested against
+(:func:`relative_logits`), added to the content logits by broadcasting; tables of ``2 * max_dist - 1`` rows
+(:mod:`.relative_position`). Three exact kernels (tested against
 ``tests/kernel_references.py``); :func:`relative_attention` picks one and its dtype by :mod:`.kernel_policy`
 (docs/design.md, "Attention kernels"):
 
@@ -14,7 +14,6 @@ clip larger offsets to the ends (Shaw et al., 2018). Three exact kernels (tested
 * :func:`attention_blocked`: query blocks, flash-style, memory linear in HW; the CPU's kernel.
 * :func:`attention_sdpa_folded`: relative logits folded into fused dot-product attention; CUDA's.
 """
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -23,49 +22,19 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype, eye
-from .kernel_policy import CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype, size_constant
+from .kernel_policy import (CPU_BLOCK_ELEMS, choose_impl, graph_mode, kernel_device, kernel_dtype, packed,
+                            size_constant)
+from .relative_position import relative_embeddings, relative_index
 
-__all__ = ['IMPLS', 'relative_attention', 'relative_logits_2d', 'relative_logits_5d',
-           'relative_index', 'relative_embeddings', 'attention_materialized',
-           'attention_blocked', 'attention_sdpa_folded', 'choose_impl', 'kernel_dtype', 'init_relative_table']
+__all__ = ['IMPLS', 'relative_attention', 'relative_logits', 'attention_materialized', 'attention_blocked',
+           'attention_sdpa_folded', 'folded_queries']
 
 #: ``relative_attention``'s kernels ('auto': :func:`choose_impl`)
 IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
 
 
-def relative_index(length: int, max_dist: int, device=None) -> Tensor:
-    """Index into a ``2 * max_dist - 1`` row table for every (query, key) pair.
-
-    Returns:
-        Tensor: ``[length, length]`` long, ``idx[a, b] = clip(b - a) + max_dist - 1``.
-    """
-    pos = torch.arange(length, device=device)
-    offset = (pos[None, :] - pos[:, None]).clamp(-(max_dist - 1), max_dist - 1)
-    return offset + max_dist - 1
-
-
-def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis, in one gather (``F.embedding``) through
-    :func:`relative_index`'s clipped offsets (a cached :func:`size_constant`).
-
-    Args:
-        table (Tensor): ``[2M - 1, d]``.
-        length (int): ``L``.
-
-    Returns:
-        Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
-    """
-    M = (table.shape[0] + 1) // 2
-    return F.embedding(size_constant(relative_index, length, M, table.device), table)
-
-
-def packed(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` contiguous in ``dtype``, in one copy (the cast and the layout change together)."""
-    return t.contiguous() if t.dtype == dtype else t.to(dtype, memory_format=torch.contiguous_format)
-
-
-def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
-    """Per-query relative logits along height and width (eq. (3), S^H and S^W), by query pixel.
+def relative_logits(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-query relative logits along height and width (eq. (3), S^H and S^W).
 
     One GEMM per axis, batched over the query's row (column), in the tables' dtype (float32 under AMP).
 
@@ -75,34 +44,16 @@ def relative_logits_5d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Ten
         table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
 
     Returns:
-        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, H, W, H]`` with ``rel_h[.., h_i, w_i, h] =
-        q_i . r^H[h - h_i]`` and ``rel_w`` ``[B, Nh, H, W, W]``, permuted views of the GEMMs'
-        outputs.
+        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, HW, H]`` with ``rel_h[.., i, h] = q_i . r^H[h - h_i]``
+        and ``rel_w`` ``[B, Nh, HW, W]``.
     """
     B, Nh, H, W, d = q.shape
     qh = packed(q.permute(2, 0, 1, 3, 4), table_h.dtype).view(H, -1, d)  # [H, B * Nh * W, d]
     rel_h = torch.bmm(qh, relative_embeddings(table_h, H).transpose(1, 2))  # [H (h_i), B * Nh * W, H]
     qw = packed(q.permute(3, 0, 1, 2, 4), table_w.dtype).view(W, -1, d)  # [W, B * Nh * H, d]
     rel_w = torch.bmm(qw, relative_embeddings(table_w, W).transpose(1, 2))  # [W (w_i), B * Nh * H, W]
-    return (rel_h.view(H, B, Nh, W, H).permute(1, 2, 0, 3, 4),
-            rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4))
-
-
-def relative_logits_2d(q: Tensor, table_h: Tensor, table_w: Tensor) -> Tuple[Tensor, Tensor]:
-    """Per-query relative logits along height and width (eq. (3), S^H and S^W).
-
-    Args:
-        q (Tensor): ``[B, Nh, H, W, d]`` scaled queries.
-        table_h (Tensor): ``[2 * Mh - 1, d]`` height embeddings.
-        table_w (Tensor): ``[2 * Mw - 1, d]`` width embeddings.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``rel_h`` ``[B, Nh, HW, H]`` with
-        ``rel_h[.., i, h] = q_i . r^H[h - h_i]`` and ``rel_w`` ``[B, Nh, HW, W]``.
-    """
-    B, Nh, H, W, _ = q.shape
-    rel_h, rel_w = relative_logits_5d(q, table_h, table_w)
-    return rel_h.reshape(B, Nh, H * W, H), rel_w.reshape(B, Nh, H * W, W)
+    return (rel_h.view(H, B, Nh, W, H).permute(1, 2, 0, 3, 4).reshape(B, Nh, H * W, H),
+            rel_w.view(W, B, Nh, H, W).permute(1, 2, 3, 0, 4).reshape(B, Nh, H * W, W))
 
 
 def _add_relative(logits: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor], H: int,
@@ -120,7 +71,7 @@ def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tens
 
     Args:
         q, k (Tensor): ``[B, Nh, HW, d]``; v (Tensor): ``[B, Nh, HW, dv]``.
-        rel_h, rel_w (Tensor | None): from :func:`relative_logits_2d`.
+        rel_h, rel_w (Tensor | None): from :func:`relative_logits`.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]``.
@@ -239,9 +190,9 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
     dv = v.shape[-1]
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'
     # too; otherwise SDPA silently falls back to the math kernel, which stores all logits.
-    v = _pad_last(v.to(dtype), 8)  # zeros add nothing to the output's first dv columns
+    v = _pad_last(v.to(dtype))  # zeros add nothing to the output's first dv columns
     if table_h is None:
-        q, k = _pad_last(q.to(dtype), 8), _pad_last(k.to(dtype), 8)  # nor to q . k
+        q, k = _pad_last(q.to(dtype)), _pad_last(k.to(dtype))  # nor to q . k
     else:
         pad = (8 - (d + H + W) % 8) % 8  # not -(d + H + W) % 8: _pad_last says why
         if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
@@ -283,6 +234,14 @@ def folded_queries(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int, 
     return products.gather(-1, index.expand(B, Nh, N, -1))
 
 
+def _pad_last(t: Tensor) -> Tensor:
+    """Zero-pad the last dim of ``t`` up to a multiple of 8 (one op; its backward is a view)."""
+    # -n % 8 is the same number, but torch 2.4 - 2.5's inductor bounds it as empty (ValueRangeError)
+    # where n is symbolic: their dynamo makes a module's int attributes (num_heads) symbolic with dynamic=True
+    pad = (8 - t.shape[-1] % 8) % 8
+    return F.pad(t, (0, pad)) if pad else t
+
+
 def _fold_index(H: int, W: int, d: int, rows_h: int, rows_w: int, pad: int, device) -> Tensor:
     """Columns of :func:`folded_queries`' products each query reads: ``[HW, d + H + W + pad]`` long.
 
@@ -309,24 +268,10 @@ def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tenso
     return torch.cat([one_h, one_w], dim=-1)
 
 
-def _zeros(dtype: torch.dtype, device) -> Tensor:
-    """A 0-d zero to expand into padding columns (:func:`size_constant`: no fill kernel per call)."""
-    return size_constant(torch.zeros, (), dtype=dtype, device=device)
-
-
 def _fp16_fold_scale(rel: Tensor) -> Tensor:
     """The power of two ``s`` in ``[1, 2^15]`` with ``max |rel| / s <= 2^14``, as a 0-d tensor."""
     amax = rel.detach().abs().amax().float()
     return torch.exp2(torch.log2(amax / 2 ** 14).ceil().clamp(0, 15))
-
-
-def _pad_last(t: Tensor, multiple: int) -> Tensor:
-    """Zero-pad the last dim of ``t`` up to a multiple of ``multiple``: one ``cat`` with the cached
-    zero (:func:`_zeros`), whose backward is a view."""
-    # -n % multiple is the same number, but torch 2.4 - 2.5's inductor bounds it as empty (ValueRangeError)
-    # where n is symbolic: their dynamo makes a module's int attributes (num_heads) symbolic with dynamic=True
-    pad = (multiple - t.shape[-1] % multiple) % multiple
-    return torch.cat([t, _zeros(t.dtype, t.device).expand(*t.shape[:-1], pad)], -1) if pad else t
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
@@ -365,7 +310,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
             rel_h = rel_w = None
             if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
                 rel_dtype = torch.promote_types(q.dtype, torch.float32)
-                rel_h, rel_w = relative_logits_2d(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype),
+                rel_h, rel_w = relative_logits(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype),
                                                   table_w.to(rel_dtype))
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
             if impl == 'blocked':
@@ -375,9 +320,3 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         else:
             raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
     return out.to(out_dtype)
-
-
-def init_relative_table(table: Tensor, head_dim: int) -> Tensor:
-    """Initialise a relative table with N(0, head_dim ** -0.5) (AA paper, Sec. 3.2)."""
-    with torch.no_grad():
-        return table.normal_(0.0, math.pow(head_dim, -0.5))

@@ -11,15 +11,19 @@ in one process); inputs are random images with random boxes, so no data is read.
   attention kernels' cost shows undiluted by FPN and head).
 * infer: one ~1333x800 image (padded to 1344x800), ``mode='predict'`` with NMS.
 
-``--amp``: mmengine's ``AmpOptimWrapper`` (fp16 autocast + dynamic loss scale) on CUDA,
-bf16 autocast on the CPU; the kernels pick their precision per device and dtype
-(``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
+``--amp``: mmengine's ``AmpOptimWrapper`` (fp16 autocast + dynamic loss scale; ``--amp-dtype bfloat16``:
+bf16 autocast, the focal loss in float32) on CUDA, bf16 autocast on the CPU; the kernels pick their
+precision per device and dtype (``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
+``--compile``: the backbone runs ``torch.compile``-d (inductor); ``first s`` is the first warm-up
+step, compile included. ``--profile DIR``: ``torch.profiler`` tables of three train steps per model
+(``DIR/<model>.txt``: ops by device time, and the number of kernels launched).
 
 Each model runs in its own process so that its peak memory is its own
 (``torch.cuda.max_memory_allocated`` on CUDA, peak RSS growth on the CPU).
 
     .venv/bin/python benchmarks/detection_speed.py                  # CPU
     .venv/bin/python benchmarks/detection_speed.py --device cuda --steps 20 --amp   # batch 8
+    .venv/bin/python benchmarks/detection_speed.py --device cuda --amp --compile --profile OUT
 """
 import argparse
 import json
@@ -79,7 +83,8 @@ def _median_time(device, steps, warmup, make_input, step_fn):
     return statistics.median(times), result
 
 
-def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
+def run_case(name, device, steps, warmup, amp, batch, aa_impl=None, amp_dtype='float16', compile_backbone=False,
+             profile=None, size=640):
     """Time ``steps`` training steps and inferences of one model; returns a dict."""
     import torch
     from mmdet.registry import MODELS
@@ -87,17 +92,19 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
     from mmengine.registry import init_default_scope
 
     from aa_det.engine import load_config
-    cfg = load_config(osp.join(ROOT, CONFIGS[name]))
+    cfg = load_config(osp.join(ROOT, CONFIGS[name]))  # FocalLoss -> Float32FocalLoss (bf16 logits in float32)
     if aa_impl and cfg.model.backbone.type == 'AAResNet':
         cfg.model.backbone.attention = dict(impl=aa_impl)
     init_default_scope('mmdet')
     torch.manual_seed(0)
     model = MODELS.build(cfg.model).to(device)
     model.init_weights()
+    if compile_backbone:
+        model.backbone = torch.compile(model.backbone)
     optim_cfg = dict(cfg.optim_wrapper)
     if amp:
-        optim_cfg.update(type='AmpOptimWrapper',
-                         **({'dtype': 'bfloat16'} if device == 'cpu' else {'loss_scale': 'dynamic'}))
+        optim_cfg.update(dict(type='CPUAmpOptimWrapper') if device == 'cpu' else
+                         dict(type='AmpOptimWrapper', loss_scale='dynamic', dtype=amp_dtype))
     optim = build_optim_wrapper(model, optim_cfg)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -119,10 +126,16 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
         optim.zero_grad()
 
     def train_batch(step):
-        return model.data_preprocessor(_batch(batch, 640, 640, device, step), training=True)
+        return model.data_preprocessor(_batch(batch, size, size, device, step), training=True)
 
     model.train()
+    t0 = time.perf_counter()
+    train_step(train_batch(-1))
+    _sync(device)
+    first_s = time.perf_counter() - t0
     train_s, loss = _median_time(device, steps, warmup, train_batch, train_step)
+    if profile:
+        _profile(name, device, profile, [train_batch(100 + i) for i in range(3)], train_step)
     if device == 'cuda':
         train_peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
     else:
@@ -135,8 +148,39 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None):
             device, steps, warmup,
             lambda step: model.data_preprocessor(_batch(1, 800, 1333, device, 1000 + step), training=False),
             lambda data: model(**data, mode='predict'))
-    return dict(params_m=params, train_s=train_s, train_peak_gib=train_peak, backbone_s=backbone_s,
+    return dict(params_m=params, first_s=first_s, train_s=train_s, train_peak_gib=train_peak, backbone_s=backbone_s,
                 infer_s=infer_s, loss=loss)
+
+
+def _profile(name, device, out_dir, batches, step_fn):
+    """``torch.profiler`` of ``step_fn`` over ``batches``: ops by device (CPU) time and the kernels launched."""
+    import os
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        for data in batches:
+            step_fn(data)
+        _sync(device)
+    key = 'cuda_time_total' if device == 'cuda' else 'cpu_time_total'
+    kernels = sum(1 for e in prof.events() if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(osp.join(out_dir, f'{name}.txt'), 'w') as f:
+        f.write(f'{name}: {len(batches)} train steps, {kernels / len(batches):.0f} kernels per step\n')
+        f.write(prof.key_averages().table(sort_by=key, row_limit=40))
+
+
+def _torch_version():
+    import torch
+    return torch.__version__
+
+
+def _device_name(device):
+    import platform
+
+    import torch
+    return torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
 
 
 def main():
@@ -146,6 +190,12 @@ def main():
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--batch', type=int, help='training images per step (default: 8 on CUDA, 2 on the CPU)')
     parser.add_argument('--amp', action='store_true', help='fp16 (CUDA) / bf16 (CPU) autocast')
+    parser.add_argument('--amp-dtype', default='float16', choices=['float16', 'bfloat16'],
+                        help='the autocast dtype of --amp on CUDA (the CPU runs bfloat16)')
+    parser.add_argument('--compile', action='store_true', help='torch.compile the backbone (inductor)')
+    parser.add_argument('--size', type=int, default=640, help='training crop size (the recipe: 640)')
+    parser.add_argument('--json', metavar='FILE', help='also write the settings and results as JSON')
+    parser.add_argument('--profile', metavar='DIR', help='write torch.profiler tables of 3 train steps per model')
     parser.add_argument('--models', nargs='+', default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument('--aa-impl', choices=['auto', 'blocked', 'sdpa', 'materialized'],
                         help="AA attention kernel (AAConv2d's impl); default: 'auto'")
@@ -156,30 +206,41 @@ def main():
     if args.case:
         import aa_det  # noqa: F401  (registers the backbones)
         print(json.dumps(run_case(args.case, args.device, args.steps, args.warmup, args.amp, args.batch,
-                                  args.aa_impl)))
+                                  args.aa_impl, args.amp_dtype, args.compile, args.profile, args.size)))
         return
-    print(f'device={args.device} amp={args.amp} batch={args.batch} aa_impl={args.aa_impl or "auto"}  '
+    print(f'device={args.device} amp={args.amp and (args.amp_dtype if args.device == "cuda" else "bfloat16")} '
+          f'compile={args.compile} batch={args.batch} aa_impl={args.aa_impl or "auto"}  '
           f'RetinaNet+FPN, 80 classes, BN; median of {args.steps} steps after {args.warmup} warm-up')
-    print(f'{"backbone":<14} {"params":>7} | {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
+    print(f'{"backbone":<14} {"params":>7} | {"first s":>7} {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
           f'{"bb f+b s":>8} {"x R50":>6} | {"infer s":>8} {"x R50":>6}')
-    base = None
+    base, results = None, {}
     for name in args.models:
         cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
                '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
-            + (['--aa-impl', args.aa_impl] if args.aa_impl else [])
+            + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
+            + ['--size', str(args.size)] + (['--compile'] if args.compile else []) + (['--profile', args.profile] if args.profile else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             print(f'{name:<14} failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "?"}')
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
+        results[name] = r
         base = r if name == 'ResNet-50' else base
 
         def ratio(key):  # '-' when ResNet-50 was not measured first
             return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
-        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["train_s"]:10.3f} {ratio("train_s")} '
+        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["first_s"]:7.1f} {r["train_s"]:10.3f} {ratio("train_s")} '
               f'{r["train_peak_gib"]:9.2f} {ratio("train_peak_gib")} | '
               f'{r["backbone_s"]:8.3f} {ratio("backbone_s")} | '
               f'{r["infer_s"]:8.3f} {ratio("infer_s")}', flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip()
+            json.dump(dict(benchmark='detection_speed', commit=commit, torch=_torch_version(),
+                           device_name=_device_name(args.device),
+                           settings={k: v for k, v in vars(args).items() if k not in ('case', 'json')},
+                           results=results), f, indent=1)
 
 
 if __name__ == '__main__':

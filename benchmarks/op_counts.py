@@ -364,6 +364,8 @@ def main():
                         help="BatchNorm frozen in eval mode (mmdet's ResNet default, for pretrained backbones; "
                              "how the counts before 2026-11-24 were taken); default: BatchNorm "
                              "trains, as in the from-scratch recipe (norm_eval=False)")
+    parser.add_argument('--json', metavar='FILE',
+                        help='also write the settings, the commit and each model\'s figures as JSON (docs/data/)')
     parser.add_argument('--with-cp', action='store_true',
                         help="mmdet's with_cp: each residual block recomputes its forward in the backward "
                              "(memory for time and launches)")
@@ -376,10 +378,12 @@ def main():
           f'ops = non-view aten ops dispatched')
     print(f'{"model":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
           f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
+    results = {}
     for batch in args.batch:
         base = None
         for name in args.models:
             r = measure(name, args.size, batch, args.policy, dtype, args.norm_eval, args.with_cp, args.step)
+            results.setdefault(str(batch), {})[name] = {key: r[key] for key in ('ops', 'flops', 'bytes', 'peak')}
             base = r if name == 'ResNet-50' else base
 
             def ratio(key, r=r, base=base):
@@ -393,6 +397,15 @@ def main():
             if args.saved:
                 print(f'    saved for the backward {sum(r["saved"].values()) / 2 ** 30:.3f} GiB: ' +
                       ', '.join(f'{kind} {n / 2 ** 30:.3f}' for kind, n in r['saved'].most_common()))
+    if args.json:
+        import json
+        import subprocess
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip()
+        with open(args.json, 'w') as f:
+            json.dump(dict(benchmark='op_counts', commit=commit, torch=torch.__version__,
+                           settings={k: v for k, v in vars(args).items() if k != 'json'},
+                           results_by_batch=results), f, indent=1)
 
 
 if __name__ == '__main__':

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU check, one call on the GPU machine (docs/benchmarks.md, "On a GPU"):
+#   1. the CUDA tests (tests marked by their `cuda` skip: kernels, low precision, device policy);
+#   2. detection_speed.py --amp for ResNet-50, AA-ResNet-50 and GSA-ResNet-50, eager (with torch.profiler
+#      tables of three train steps per model), then with the backbone compiled;
+#   3. the same under bf16 autocast.
+# Results land in OUTDIR: device.txt, tests.log, speed_*.json / .log, profile/<model>.txt.
+#
+#   bash benchmarks/gpu_check.sh OUTDIR                  # on the GPU machine, after copying ../shared/gpu to .gpu
+#   GPU_CHECK_SIZE=128 bash benchmarks/gpu_check.sh OUT  # dry run on the CPU: same steps, small crops, 1 step
+#   GPU_CHECK_MODELS=ResNet-50 ...                       # fewer models (detection_speed.py --models)
+# Each step has its own time limit, so a hung compile cannot take the rest of the run.
+set -u
+OUT=${1:?usage: bash benchmarks/gpu_check.sh OUTDIR}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+if [ -f .gpu/setup.sh ] && command -v nvidia-smi > /dev/null; then
+  source .gpu/setup.sh > "$OUT/setup.log" 2>&1
+  PY=python3
+else
+  PY=.venv/bin/python
+fi
+if $PY -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+  DEV=cuda STEPS=12 WARMUP=3 SIZE=${GPU_CHECK_SIZE:-640} LIMIT=${GPU_CHECK_LIMIT:-150}
+else
+  DEV=cpu STEPS=1 WARMUP=0 SIZE=${GPU_CHECK_SIZE:-128} LIMIT=${GPU_CHECK_LIMIT:-900}
+fi
+{ git rev-parse --short HEAD 2> /dev/null || echo unknown; $PY -c 'import torch; print(torch.__version__,
+  torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'; } > "$OUT/device.txt"
+cat "$OUT/device.txt"
+
+run() {  # NAME COMMAND...: the command's output in OUT/NAME.log, its status in the summary
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout "$LIMIT" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"
+}
+
+[ "$DEV" = cuda ] && run tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_relative_attention.py \
+  tests/test_low_precision.py tests/test_kernel_policy.py -k "cuda"
+read -r -a MODELS <<< "${GPU_CHECK_MODELS:-ResNet-50 AA-ResNet-50 GSA-ResNet-50}"
+SPEED=(benchmarks/detection_speed.py --device "$DEV" --amp --steps "$STEPS" --warmup "$WARMUP" --size "$SIZE"
+       --models "${MODELS[@]}")
+run speed_fp16_eager $PY "${SPEED[@]}" --json "$OUT/speed_fp16_eager.json" --profile "$OUT/profile"
+run speed_fp16_compiled $PY "${SPEED[@]}" --compile --json "$OUT/speed_fp16_compiled.json"
+[ "$DEV" = cuda ] && run speed_bf16_eager $PY "${SPEED[@]}" --amp-dtype bfloat16 --json "$OUT/speed_bf16_eager.json"
+cat "$OUT"/speed_*.log

@@ -1,10 +1,12 @@
 """The documentation describes the product as it is: no rounds of work or issue numbers in the
-user-facing pages (history lives in CHANGELOG.md), and the pictures' command writes its PNGs."""
+user-facing pages (history lives in CHANGELOG.md), the README's benchmark ratios are the benchmarks' own
+output files, and the pictures' command writes its PNGs."""
 import glob
 import os
 import os.path as osp
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -73,6 +75,28 @@ def test_benchmarks_page_has_one_section_per_script():
         name = osp.basename(script)
         assert re.search(rf'^## .*`{re.escape(name)}`', text, re.MULTILINE), name
         assert f'.venv/bin/python benchmarks/{name}' in text, name
+
+
+#: README Results rows (their first cell starts so) and the chart row (plot_ratios.chart_rows) each shows
+README_RATIO_ROWS = {'CPU time of a RetinaNet train step': 0, 'kernel launches of the CUDA path': 3,
+                     'non-GEMM bytes': 4, 'peak memory': 5}
+
+
+def test_readme_ratios_are_the_benchmark_files():
+    """The README's ratio rows and its chart come from docs/data/*.json (plot_ratios.py draws the chart
+    from the same files; make_pictures.sh runs it): the README's figures are those files' ratios."""
+    sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
+    from plot_ratios import chart_rows
+    rows = chart_rows()
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    for start, index in README_RATIO_ROWS.items():
+        line = next((l for l in lines if l.startswith(f'| {start}')), None)
+        assert line is not None, start
+        cells = line.split('|')[2:4]  # AA-ResNet-50, GSA-ResNet-50
+        shown = [float(re.match(r'\s*(\d+\.\d+)x', cell).group(1)) for cell in cells]
+        assert shown == [round(r, 2) for r in rows[index][1:]], (start, shown, rows[index])
+    assert 'plot_ratios.py' in open(osp.join(ROOT, 'tools', 'make_pictures.sh')).read()
 
 
 @pytest.mark.slow

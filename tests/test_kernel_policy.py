@@ -225,3 +225,38 @@ def test_column_kernel_with_content_product_is_both_branches(chunk_elems):
         results.append([*outs, *torch.autograd.grad(sum((o * gr).sum() for o, gr in zip(outs, grads)), ts)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
+
+
+@CPU_FP16_AUTOCAST
+def test_cuda_policy_gsa_casts_once_in_and_once_out_under_fp16_autocast():
+    """Under fp16 autocast GSA computes in bf16 (``compute_dtype``): its activations change dtype once
+    forward (the qkv output to bf16) and once backward (that gradient back to fp16), whatever the
+    number of operand copies, products and softmaxes in between (parameters' casts aside)."""
+    module = GlobalSelfAttention2d(16, 16, num_heads=4).train()
+    x = torch.randn(2, 16, 9, 11).half().requires_grad_()
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.casts = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split('.')[0] == '_to_copy' and args[0].dim() >= 4 and args[0].shape[0] == 2 \
+                    and out.dtype != args[0].dtype:  # activations and their gradients (batch 2), no parameters
+                self.casts.append((args[0].dtype, out.dtype))
+            return out
+
+    with force_policy('cuda'), torch.autocast('cpu', dtype=torch.float16):
+        module(x)  # a size's first pass builds the cached constants
+    forward, backward = Casts(), Casts()
+    with force_policy('cuda'):
+        with forward, torch.autocast('cpu', dtype=torch.float16):
+            out = module(x)
+        loss = out.float().sum()
+        with backward:
+            loss.backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert forward.casts == [(torch.float16, torch.bfloat16)], forward.casts
+    # the loss's float32 gradient into the output's bf16, and the qkv output's gradient back to fp16
+    assert backward.casts == [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)], backward.casts

@@ -4,7 +4,7 @@
 #      same generated shapes and recipe (seed 0, 12 epochs each; 7 + 10 minutes on 2 shared CPU cores),
 #   2. draws detections of the AA detector on four validation images (demo/vis_detections.py),
 #   3. draws per-head attention maps of one AA layer and one GSA layer (demo/vis_attention.py),
-#   4. plots the benchmark ratios to ResNet-50 quoted in docs/benchmarks.md (matplotlib).
+#   4. plots the benchmark ratios to ResNet-50 from docs/data/*.json (tools/analysis_tools/plot_ratios.py).
 #
 #   bash tools/make_pictures.sh
 #
@@ -62,36 +62,8 @@ EOF
 "$PY" demo/vis_attention.py "$GSA_CFG" "$WORK/gsa/epoch_12.pth" --layer layer2.1.conv2 --size 256 \
     --positions 0.3,0.3 0.5,0.5 --out "$OUT/attention_gsa.png"
 
-# benchmark ratios to ResNet-50: the figures of docs/benchmarks.md (CPU measurements)
-"$PY" - "$OUT/benchmark_ratios.png" <<'EOF'
-import sys
-import matplotlib
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt
-# (quantity, AA-ResNet-50, GSA-ResNet-50): ratios to ResNet-50, docs/benchmarks.md
-ROWS = [
-    ('RetinaNet train step\nCPU time\n(detection_speed.py)', 1.37, 1.34),
-    ('backbone fwd + bwd\nCPU time\n(detection_speed.py)', 1.92, 1.66),
-    ('inference 1333x800\nCPU time\n(detection_speed.py)', 1.75, 1.23),
-    ('kernel launches\nof the CUDA path\n(op_counts.py)', 1.88, 2.38),
-    ('peak memory\n1024x1024, CPU\n(op_counts.py)', 1.20, 1.62),
-]
-fig, ax = plt.subplots(figsize=(9, 4))
-x = range(len(ROWS))
-for offset, (name, column) in zip((-0.2, 0.2), (('AA-ResNet-50', 1), ('GSA-ResNet-50', 2))):
-    values = [row[column] for row in ROWS]
-    bars = ax.bar([i + offset for i in x], values, width=0.38, label=name)
-    ax.bar_label(bars, fmt='%.2fx', fontsize=7)
-ax.axhline(1.0, color='k', linewidth=0.8)
-ax.text(len(ROWS) - 0.5, 1.03, 'ResNet-50', ha='right', fontsize=7)
-ax.set_xticks(list(x), [row[0] for row in ROWS], fontsize=7)
-ax.set_ylabel('ratio to ResNet-50')
-ax.set_ylim(0, 2.7)
-ax.set_title('Cost vs ResNet-50 on 2 CPU cores (docs/benchmarks.md; GPU speed not measured)', fontsize=9)
-ax.legend(fontsize=8, loc='upper left')
-fig.tight_layout()
-fig.savefig(sys.argv[1], dpi=90)
-EOF
+# benchmark ratios to ResNet-50, drawn from the benchmarks' output files in docs/data/
+"$PY" tools/analysis_tools/plot_ratios.py --out "$OUT/benchmark_ratios.png"
 # keep each PNG well under 300 KB: a 128-colour palette (the attention overlays are photographic)
 "$PY" - "$OUT"/detections.png "$OUT"/attention_aa.png "$OUT"/attention_gsa.png "$OUT"/benchmark_ratios.png <<'EOF'
 import sys

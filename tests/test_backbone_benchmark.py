@@ -1,0 +1,50 @@
+"""benchmarks/backbone_benchmark.py: its data (shapes over held-out real photographs, 10 classes, a 4x range
+of scales, deterministic) and the detector config of every backbone it compares."""
+import filecmp
+import json
+import os.path as osp
+import sys
+
+import pytest
+import torch
+from mmdet.registry import MODELS
+from mmengine.registry import init_default_scope
+
+from aa_det.engine import load_config
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
+import backbone_benchmark as bench  # noqa: E402
+
+
+def test_generated_data_is_coco_with_ten_classes_a_4x_scale_range_and_held_out_photographs(tmp_path):
+    from pycocotools.coco import COCO
+    assert not set(bench.TRAIN_PHOTOS) & set(bench.VAL_PHOTOS)
+    ann = bench.generate(str(tmp_path / 'a'), 'train', 12, seed=1)
+    bench.generate(str(tmp_path / 'b'), 'train', 12, seed=1)
+    for name in ['annotations/instances_train.json'] + [f'train/{i:06d}.png' for i in range(12)]:
+        assert filecmp.cmp(tmp_path / 'a' / name, tmp_path / 'b' / name, shallow=False), name  # deterministic
+    coco = COCO(ann)
+    assert [c['name'] for c in coco.loadCats(coco.getCatIds())] == list(bench.CLASSES) and len(bench.CLASSES) >= 10
+    sides = [max(a['bbox'][2:]) for a in coco.dataset['annotations']]
+    assert len(sides) >= 24 and 10 <= min(sides) and max(sides) <= 50
+    val = json.load(open(bench.generate(str(tmp_path / 'a'), 'val_2x', 2, seed=3, size=320, max_objects=24)))
+    assert {(i['width'], i['height']) for i in val['images']} == {(320, 320)}
+
+
+@pytest.mark.parametrize('backbone', list(bench.BACKBONES))
+def test_every_backbone_builds_its_detector_from_the_demo_config(backbone, tmp_path):
+    """The benchmark's overrides of the demo config give each backbone a RetinaNet with 10 classes that
+    runs at 160 px; ResNet-26's stages are convolutional, GSA-ResNet-26's attentional, same widths."""
+    from aa_det.models.layers import GlobalSelfAttention2d
+    cfg = load_config(bench.DEMO, cfg_options=bench.options(str(tmp_path) + '/', 0, 2, backbone, {}))
+    init_default_scope('mmdet')
+    model = MODELS.build(cfg.model).eval()
+    assert model.bbox_head.num_classes == 10
+    with torch.no_grad():
+        cls_scores, _ = model._forward(torch.randn(1, 3, 160, 160))
+    assert cls_scores[0].shape[1] == 10 * 9
+    attention = any(isinstance(m, GlobalSelfAttention2d) for m in model.backbone.modules())
+    assert attention == (backbone == 'GSA-ResNet-26')
+    if 'ResNet-26' in backbone:
+        assert [len(getattr(model.backbone, f'layer{i}')) for i in range(1, 5)] == [1, 2, 4, 1]

@@ -39,6 +39,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from aa_det.datasets.synthetic_shapes import write_coco_split  # noqa: E402
 DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 CLASSES = ('circle', 'square', 'triangle', 'diamond', 'star', 'cross', 'ring', 'hexagon', 'half_disc', 'arrow')
 TRAIN_PHOTOS = ('astronaut.png', 'camera.png', 'chelsea.png', 'coffee.png', 'coins.png', 'hubble_deep_field.jpg',
@@ -166,22 +168,8 @@ def generate(root: str, split: str, num: int, seed: int, size: int = IMAGE, max_
     names = TRAIN_PHOTOS if split == 'train' else VAL_PHOTOS
     photos = [Image.open(osp.join(photo_dir(), n)).convert('RGB') for n in names]
     rng = np.random.default_rng(seed)
-    os.makedirs(osp.join(root, split), exist_ok=True)
-    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    images, annotations = [], []
-    for i in range(num):
-        image, objects = render(photos, rng, size, max_objects)
-        name = f'{i:06d}.png'
-        image.save(osp.join(root, split, name))
-        images.append(dict(id=i, file_name=name, width=size, height=size))
-        for label, box in objects:
-            annotations.append(dict(id=len(annotations) + 1, image_id=i, category_id=label + 1, bbox=box,
-                                    area=box[2] * box[3], iscrowd=0))
-    coco = dict(images=images, annotations=annotations,
-                categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
-    with open(ann_file, 'w') as f:
-        json.dump(coco, f)
-    return ann_file
+    return write_coco_split(root, split, (render(photos, rng, size, max_objects) for _ in range(num)), CLASSES,
+                            dict(description='aa_det shapes over photographs', seed=seed))
 
 
 def options(data_root: str, seed: int, epochs: int, backbone: str, extra: dict) -> dict:

@@ -15,7 +15,7 @@ import os
 import os.path as osp
 import shutil
 import zlib
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -96,19 +96,32 @@ def generate_shapes_split(root: str, split: str, num_images: int, image_size: in
                 return ann_file
     stream = {'train': 0, 'val': 1}.get(split, zlib.crc32(split.encode()))
     rng = np.random.default_rng([seed, stream])
+    scenes = (_scene(rng, image_size, max_objects, object_scale) for _ in range(num_images))
+    return write_coco_split(root, split, ((image, [(cls, [x, y, w, h]) for x, y, w, h, cls in boxes])
+                                          for image, boxes in scenes),
+                            CLASSES, dict(description='aa_det synthetic shapes', settings=settings))
+
+
+def write_coco_split(root: str, split: str, scenes: Iterable, classes: Sequence[str], info: dict) -> str:
+    """Save generated ``scenes`` (``(PIL image, [(class index, [x, y, w, h]), ...])``) as
+    ``root/<split>/<id>.png`` and their COCO file ``root/annotations/instances_<split>.json``.
+
+    Returns:
+        str: the annotation file.
+    """
     os.makedirs(osp.join(root, split), exist_ok=True)
+    os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
     images, annotations = [], []
-    for image_id in range(num_images):
-        image, boxes = _scene(rng, image_size, max_objects, object_scale)
+    for image_id, (image, boxes) in enumerate(scenes):
         name = f'{image_id:06d}.png'
         image.save(osp.join(root, split, name))
-        images.append(dict(id=image_id, file_name=name, width=image_size, height=image_size))
-        for x, y, w, h, cls in boxes:
+        images.append(dict(id=image_id, file_name=name, width=image.width, height=image.height))
+        for cls, box in boxes:
             annotations.append(dict(id=len(annotations) + 1, image_id=image_id, category_id=cls + 1,
-                                    bbox=[x, y, w, h], area=w * h, iscrowd=0))
-    coco = dict(info=dict(description='aa_det synthetic shapes', settings=settings), images=images,
-                annotations=annotations,
-                categories=[dict(id=i + 1, name=n) for i, n in enumerate(CLASSES)])
+                                    bbox=box, area=box[2] * box[3], iscrowd=0))
+    coco = dict(info=info, images=images, annotations=annotations,
+                categories=[dict(id=i + 1, name=n) for i, n in enumerate(classes)])
+    ann_file = osp.join(root, 'annotations', f'instances_{split}.json')
     with open(ann_file, 'w') as f:
         json.dump(coco, f)
     return ann_file

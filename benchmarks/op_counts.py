@@ -28,7 +28,7 @@ one backward. Per model:
 Each is counted on a training step after one learning forward pass at the same size
 (``model.train()``, gradients on): the first pass at a new size also builds the constants that
 are cached per size (AA's one-hot fold columns, the relative-offset indices of both
-architectures; ``relative_attention._fold_columns``, ``relative_embeddings``), a few ops per
+architectures; ``relative_attention._fold_columns`` / ``_fold_index``, ``relative_embeddings``), a few ops per
 layer once.
 
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8

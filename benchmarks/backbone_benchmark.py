@@ -11,10 +11,12 @@ deterministically (:func:`generate`) in COCO format:
 * objects 12-48 px on 160 px images (a 4x range of scales); later objects may cover earlier ones (an object
   more than half covered is left unlabelled, as clutter); clutter: lines, open polylines and dots.
 
-Each backbone (:data:`BACKBONES`: ResNet-18, AA-ResNet-18, GSA-ResNet-26, and ResNet-26 of GSA-ResNet-26's
-own shape with every stage convolutional, mmdet's Bottleneck) trains with the demo recipe at 160 px
-(``configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py``: from scratch, jitter, flips,
-warm-up, clipping, one BatchNorm per FPN level in the head; ``--epochs``, the LR steps at 3/4 and 11/12),
+Each backbone (:data:`BACKBONES`: ResNet-18, AA-ResNet-18, GSA-ResNet-26 as its detection configs set it
+(stages 2-4 attentional), GSA-ResNet-26 with every stage attentional (the paper's default), and ResNet-26 of
+GSA-ResNet-26's own shape with every stage convolutional, mmdet's Bottleneck) trains with the demo recipe at
+160 px (``configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py`` and its GSA twin
+``retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py``: from scratch, jitter, flips, warm-up, clipping, one
+BatchNorm per FPN level in the head; ``--epochs``, the LR steps at 3/4 and 11/12),
 each seed in its own process, and is tested at the training size (``val``, 160 px) and at 2x (``val_2x``:
 320 px images, objects at the same pixel scale, so every map is twice as long).
 
@@ -30,6 +32,7 @@ import json
 import math
 import os
 import os.path as osp
+import re
 import statistics
 import subprocess
 import sys
@@ -42,25 +45,21 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from aa_det.datasets.synthetic_shapes import write_coco_split  # noqa: E402
 DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
+GSA = osp.join(ROOT, 'configs/retinanet/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py')  # the demo recipe
 CLASSES = ('circle', 'square', 'triangle', 'diamond', 'star', 'cross', 'ring', 'hexagon', 'half_disc', 'arrow')
 TRAIN_PHOTOS = ('astronaut.png', 'camera.png', 'chelsea.png', 'coffee.png', 'coins.png', 'hubble_deep_field.jpg',
                 'motorcycle_left.png', 'rocket.jpg', 'grass.png', 'brick.png', 'page.png')
 VAL_PHOTOS = ('ihc.png', 'moon.png', 'motorcycle_right.png', 'retina.jpg', 'gravel.png', 'text.png')
 IMAGE = 160
-#: backbone name -> its config overrides of the demo's (narrow widths: ``base_channels``)
+#: backbone name -> (its detector config, overrides of that config); narrow widths (``base_channels``)
 BACKBONES = {
-    'ResNet-18': {'model.backbone': dict(_delete_=True, type='ResNet', depth=18, base_channels=32, frozen_stages=-1,
-                                         norm_eval=False, norm_cfg=dict(type='BN', requires_grad=True),
-                                         init_cfg=None)},
-    'AA-ResNet-18': {},  # the demo's own
-    'GSA-ResNet-26': {'model.backbone.type': 'GSAResNet', 'model.backbone.depth': 26, 'model.backbone.base_channels': 16,
-                      'model.backbone.attention': dict(_delete_=True, num_heads=4),
-                      'model.neck.in_channels': [64, 128, 256, 512]},
-    'ResNet-26 (GSA shape)': {'model.backbone.type': 'GSAResNet', 'model.backbone.depth': 26,
-                              'model.backbone.base_channels': 16,
-                              'model.backbone.attention': dict(_delete_=True, num_heads=4),
-                              'model.backbone.stage_with_attention': (False, False, False, False),
-                              'model.neck.in_channels': [64, 128, 256, 512]},
+    'ResNet-18': (DEMO, {'model.backbone': dict(_delete_=True, type='ResNet', depth=18, base_channels=32,
+                                                frozen_stages=-1, norm_eval=False,
+                                                norm_cfg=dict(type='BN', requires_grad=True), init_cfg=None)}),
+    'AA-ResNet-18': (DEMO, {}),  # the demo's own
+    'GSA-ResNet-26': (GSA, {}),  # GSA's detection default: stages 2-4 (GSA Table 5's best)
+    'GSA-ResNet-26, all stages': (GSA, {'model.backbone.stage_with_attention': (True, True, True, True)}),
+    'ResNet-26 (GSA shape)': (GSA, {'model.backbone.stage_with_attention': (False, False, False, False)}),
 }
 SPLITS = (('val', IMAGE), ('val_2x', 2 * IMAGE))
 
@@ -183,7 +182,7 @@ def options(data_root: str, seed: int, epochs: int, backbone: str, extra: dict) 
                  'param_scheduler.1.milestones': [epochs * 3 // 4, epochs * 11 // 12],
                  'train_dataloader.dataset.pipeline.2.scale': (IMAGE, IMAGE),
                  'train_dataloader.dataset.pipeline.3.crop_size': (IMAGE, IMAGE)})
-    opts.update(BACKBONES[backbone])
+    opts.update(BACKBONES[backbone][1])
     opts.update(extra)  # after the backbone's: an ablation's key inside a dict the backbone sets
     return opts
 
@@ -195,7 +194,7 @@ def run_one(backbone: str, seed: int, epochs: int, data_root: str, work_dir: str
     checkpoint = osp.join(work_dir, f'epoch_{epochs}.pth')
     if not osp.isfile(checkpoint):
         start = time.time()
-        build_runner(load_config(DEMO, work_dir=work_dir, cfg_options=opts)).train()
+        build_runner(load_config(BACKBONES[backbone][0], work_dir=work_dir, cfg_options=opts)).train()
         print(f'TRAINED {backbone} seed {seed} in {time.time() - start:.0f} s', flush=True)
     result = {}
     for split, size in SPLITS:
@@ -203,7 +202,7 @@ def run_one(backbone: str, seed: int, epochs: int, data_root: str, work_dir: str
                                    'test_dataloader.dataset.data_prefix.img': f'{split}/',
                                    'test_evaluator.ann_file': data_root + f'annotations/instances_{split}.json',
                                    'test_dataloader.dataset.pipeline.1.scale': (size, size)})
-        cfg = load_config(DEMO, work_dir=osp.join(work_dir, 'test'), cfg_options=split_opts)
+        cfg = load_config(BACKBONES[backbone][0], work_dir=osp.join(work_dir, 'test'), cfg_options=split_opts)
         cfg.load_from = checkpoint
         try:
             # no box above the score threshold: CocoMetric returns no figure, mAP 0
@@ -211,6 +210,11 @@ def run_one(backbone: str, seed: int, epochs: int, data_root: str, work_dir: str
         except NonFiniteOutputError:
             result[split] = math.nan
     return result
+
+
+def run_name(backbone: str) -> str:
+    """The work-dir name of ``backbone``'s runs: 'GSA-ResNet-26, all stages' -> 'GSA-ResNet-26_all_stages'."""
+    return re.sub(r'[^A-Za-z0-9-]+', '_', backbone).strip('_')
 
 
 def summary(values) -> str:
@@ -248,7 +252,7 @@ def main():
     tag = '_'.join(f'{k.split(".")[-1]}-{v}' for k, v in extra.items()).replace(' ', '').replace("'", '')
     if args.one:
         backbone, seed = args.one[0], int(args.one[1])
-        work_dir = osp.join(args.work_dir, f'{backbone.split()[0]}{"_" + tag if tag else ""}_seed{seed}')
+        work_dir = osp.join(args.work_dir, f'{run_name(backbone)}{"_" + tag if tag else ""}_seed{seed}')
         print('RESULT ' + json.dumps(run_one(backbone, seed, args.epochs, data_root, work_dir, extra)), flush=True)
         return
     generate(data_root, 'train', args.num_train, seed=1)

@@ -1,7 +1,8 @@
 """GSA-ResNet detectors tested above their training size: which axial scaling to default to.
 
 The demo recipe (RetinaNet + FPN from scratch on the generated shapes, 128 px crops with
-multiscale jitter, 12 epochs) with a narrow GSA-ResNet-26, trained with several seeds in two
+multiscale jitter, 12 epochs) with a narrow GSA-ResNet-26 attentional in every stage (the paper's
+default, so that the longest maps, stage 1's, run the axial sums), trained with several seeds in two
 forms of the axial sums (``attention.axial_scale``):
 
 * ``sum``: the paper's eq. (7) sums. The same checkpoint is also evaluated as ``trained``
@@ -56,6 +57,7 @@ def options(data_root, seed, form, epochs):
                  'default_hooks.checkpoint.interval': epochs, 'param_scheduler.1.end': epochs,
                  'param_scheduler.1.milestones': [epochs * 3 // 4, epochs * 11 // 12]})
     opts['model.backbone.attention.axial_scale'] = form
+    opts['model.backbone.stage_with_attention'] = (True, True, True, True)  # stage 1's 32-128 px maps too
     return opts
 
 

@@ -33,18 +33,29 @@ def test_generated_data_is_coco_with_ten_classes_a_4x_scale_range_and_held_out_p
 
 
 @pytest.mark.parametrize('backbone', list(bench.BACKBONES))
-def test_every_backbone_builds_its_detector_from_the_demo_config(backbone, tmp_path):
-    """The benchmark's overrides of the demo config give each backbone a RetinaNet with 10 classes that
-    runs at 160 px; ResNet-26's stages are convolutional, GSA-ResNet-26's attentional, same widths."""
+def test_every_backbone_builds_its_detector_from_its_config(backbone, tmp_path):
+    """The benchmark's config and overrides give each backbone a RetinaNet with 10 classes that runs at
+    160 px; GSA-ResNet-26 is its detection config's (stages 2-4 attentional), the all-stages row the paper's
+    default, ResNet-26's stages convolutional, same widths."""
     from aa_det.models.layers import GlobalSelfAttention2d
-    cfg = load_config(bench.DEMO, cfg_options=bench.options(str(tmp_path) + '/', 0, 2, backbone, {}))
+    config, _ = bench.BACKBONES[backbone]
+    cfg = load_config(config, cfg_options=bench.options(str(tmp_path) + '/', 0, 2, backbone, {}))
     init_default_scope('mmdet')
     model = MODELS.build(cfg.model).eval()
     assert model.bbox_head.num_classes == 10
     with torch.no_grad():
         cls_scores, _ = model._forward(torch.randn(1, 3, 160, 160))
     assert cls_scores[0].shape[1] == 10 * 9
-    attention = any(isinstance(m, GlobalSelfAttention2d) for m in model.backbone.modules())
-    assert attention == (backbone == 'GSA-ResNet-26')
+    stages = [any(isinstance(m, GlobalSelfAttention2d) for m in getattr(model.backbone, f'layer{i}').modules())
+              for i in range(1, 5)]
+    assert stages == {'GSA-ResNet-26': [False, True, True, True],
+                      'GSA-ResNet-26, all stages': [True] * 4}.get(backbone, [False] * 4)
     if 'ResNet-26' in backbone:
         assert [len(getattr(model.backbone, f'layer{i}')) for i in range(1, 5)] == [1, 2, 4, 1]
+    assert bench.BACKBONES['GSA-ResNet-26'][0] == osp.join(ROOT, 'configs/retinanet/'
+                                                          'retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py')
+
+
+def test_run_names_are_distinct_folder_names():
+    names = [bench.run_name(b) for b in bench.BACKBONES]
+    assert len(set(names)) == len(names) and bench.run_name('GSA-ResNet-26, all stages') == 'GSA-ResNet-26_all_stages'

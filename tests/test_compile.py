@@ -170,3 +170,44 @@ def test_with_cp_backbone_compiles_with_graph_breaks_and_right_statistics():
     with pytest.raises(ConfigError, match='fullgraph=True cannot capture the backbone.s with_cp=True'):
         hooks.CompileBackboneHook(backend='aot_eager').before_train(runner)
     hooks.CompileBackboneHook(backend='aot_eager', fullgraph=False).before_train(runner)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('backbone,policy', [('AAResNet', 'cpu'), ('GSAResNet', 'cpu'), ('GSAResNet', 'cuda')])
+def test_resnet50_backbone_compiles_at_full_size(backbone, policy):
+    """AA-ResNet-50 and GSA-ResNet-50 at 640x640, training mode, compiled by ``CompileBackboneHook``
+    (inductor, ``fullgraph=True``) as a config's ``custom_hooks`` does: the output as eager's, and, in
+    float32, the gradients too. The ``'cuda'`` case runs the CUDA path's kernels (fp16 autocast, GSA's
+    bf16 products) on CPU tensors. Prints the compile time (docs/benchmarks.md); minutes per case."""
+    import time
+    from types import SimpleNamespace
+
+    from mmdet.registry import MODELS
+
+    import aa_det  # noqa: F401
+    from aa_det.engine import hooks
+    from aa_det.models.layers.kernel_policy import force_policy
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = MODELS.build(dict(type=backbone, depth=50)).train()
+    x = torch.randn(1, 3, 640, 640, generator=torch.Generator().manual_seed(0))
+    amp = torch.autocast('cpu', dtype=torch.float16, enabled=policy == 'cuda')
+    with force_policy(policy):
+        with amp:
+            ref = model(x)[-1]
+        g_ref = torch.autograd.grad(ref.float().square().sum(), list(model.parameters()))
+        runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
+        hooks.CompileBackboneHook().before_train(runner)
+        start = time.time()
+        with amp:
+            out = model(x)[-1]
+        g = torch.autograd.grad(out.float().square().sum(), list(model.parameters()))
+        print(f'{backbone} ({policy} policy) compiled at 640x640 in {time.time() - start:.0f} s (first forward + '
+              f'backward)')
+    if policy == 'cuda':  # float16 / bfloat16 products: the output within their rounding
+        torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
+        assert all(t.isfinite().all() for t in g)
+        return
+    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)

@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import os.path as osp
+import re
 import socket
 import subprocess
 import sys
@@ -286,16 +287,35 @@ def test_missing_dataset_names_the_file(tmp_path):
         build_runner(cfg)
 
 
-def test_missing_pretrained_checkpoint_names_the_file(tiny_shapes):
-    path = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r50_fpn_8xb8-ms-36e_coco.py')
+PRETRAINED = {'retinanet_aa-r50_fpn_8xb8-ms-36e_coco.py': 'aa-resnet50_8xb32-100e_in1k.py',
+              'retinanet_gsa-r50_fpn_8xb8-ms-36e_coco.py': 'gsa-resnet50_16xb128-90e_in1k.py'}
+
+
+@pytest.mark.parametrize('name', sorted(PRETRAINED))
+def test_missing_pretrained_checkpoint_names_the_file(name, tiny_shapes):
+    path = osp.join(ROOT, 'configs/retinanet', name)
     cfg = load_config(path, cfg_options=demo_options(tiny_shapes))
     cfg.train_dataloader.dataset.ann_file = 'annotations/instances_train.json'
     cfg.train_dataloader.dataset.data_prefix.img = 'train/'
     for split in ('val', 'test'):
         cfg[f'{split}_dataloader'].dataset.ann_file = 'annotations/instances_val.json'
         cfg[f'{split}_dataloader'].dataset.data_prefix.img = 'val/'
-    with pytest.raises(ConfigError, match=r'model.backbone.init_cfg.checkpoint not found: .*epoch_100.pth'):
+    epoch = re.search(r'(\d+)e_in1k', PRETRAINED[name]).group(1)  # its schedule's last epoch
+    with pytest.raises(ConfigError, match=rf'model.backbone.init_cfg.checkpoint not found: .*epoch_{epoch}.pth'):
         build_runner(cfg)
+
+
+@pytest.mark.parametrize('name', sorted(PRETRAINED))
+def test_pretrained_detector_backbone_is_its_imagenet_configs(name):
+    """The 36e configs' backbone has every key and shape of the classification config's backbone that
+    writes its checkpoint (GSA's detection default, stages 2-4, would not load the paper's GSA-ResNet-50)."""
+    from mmdet.registry import MODELS
+    det = load_config(osp.join(ROOT, 'configs/retinanet', name)).model.backbone
+    cls = load_config(osp.join(ROOT, 'configs/imagenet', PRETRAINED[name])).model.backbone
+    det.pop('init_cfg')
+    cls.type = cls.type.replace('mmdet.', '')
+    shapes = [{k: v.shape for k, v in MODELS.build(c).state_dict().items()} for c in (det, cls)]
+    assert shapes[0] == shapes[1]
 
 
 def test_annotation_that_is_not_coco_names_the_file(tiny_shapes, tmp_path):

@@ -56,6 +56,18 @@ def test_forbidden_patterns_catch_what_they_should():
         assert not list(_hits(text, FORBIDDEN['issue number'])), text
 
 
+def test_every_config_a_page_names_exists():
+    """A config file named in backticks on any page (``retinanet_..._coco.py``) is in configs/."""
+    configs = {osp.basename(p) for p in glob.glob(osp.join(ROOT, 'configs', '*', '*.py'))}
+    missing, named = [], 0
+    for path in PAGES:
+        with open(path, encoding='utf-8') as f:
+            names = re.findall(r'`(?:configs/\w+/)?([\w.-]+_(?:coco|in1k|shapes|shapes-cls|cifar100)\.py)`', f.read())
+        missing += [f'{osp.relpath(path, ROOT)}: {name}' for name in names if name not in configs]
+        named += len(names)
+    assert named > 20 and not missing, missing
+
+
 def test_readme_is_a_front_page():
     with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
         text = f.read()

@@ -1,9 +1,9 @@
 """Kernel launches, FLOPs, bytes and peak memory of the backbones with the CUDA kernel policy,
 measured on the CPU (issue 19): what a GPU would run, counted without one.
 
-For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet recipe's backbone
-settings: every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's
-ResNet does by default), one backbone forward + backward (``sum of the outputs' means``) under
+For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet configs' backbones: GSA in
+stages 2-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's
+ResNet does by default; ``GSA-ResNet-50, all stages`` is the paper's classification backbone), one backbone forward + backward (``sum of the outputs' means``) under
 fp16 autocast (``--amp``: fp16, what ``tools/train.py --amp`` runs on CUDA; bf16; fp32), with
 ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the CUDA path picks,
 run on CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO scratch
@@ -54,12 +54,14 @@ from torch.utils.flop_counter import (FlopCounterMode, register_flop_formula, sd
 BACKBONES = {
     'ResNet-50': dict(type='ResNet', depth=50),
     'AA-ResNet-50': dict(type='AAResNet', depth=50),
-    'GSA-ResNet-50': dict(type='GSAResNet', depth=50),
+    'GSA-ResNet-50': dict(type='GSAResNet', depth=50, stage_with_attention=(False, True, True, True)),  # detection's
+    'GSA-ResNet-50, all stages': dict(type='GSAResNet', depth=50),  # the paper's GSA-ResNet-50
 }
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: the RetinaNet configs of ``--step``
 CONFIGS = {name: osp.join(ROOT, 'configs/retinanet', f'retinanet_{prefix}r50-scratch_fpn_8xb8-ms-150e_coco.py')
            for name, prefix in (('ResNet-50', ''), ('AA-ResNet-50', 'aa-'), ('GSA-ResNet-50', 'gsa-'))}
+CONFIGS['GSA-ResNet-50, all stages'] = CONFIGS['GSA-ResNet-50']
 AMP = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}
 #: ops whose cost is arithmetic, not memory traffic
 GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backward', 'mkldnn_convolution',
@@ -282,6 +284,8 @@ def build(name, step, norm_eval, with_cp):
                                  with_cp=with_cp))
     cfg = load_config(CONFIGS[name])
     cfg.model.backbone.update(norm_eval=norm_eval, with_cp=with_cp)
+    if cfg.model.backbone.type == 'GSAResNet':  # None: every stage, the class's default
+        cfg.model.backbone.stage_with_attention = BACKBONES[name].get('stage_with_attention')
     return MODELS.build(cfg.model)
 
 
@@ -349,7 +353,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--size', type=int, default=640)
     parser.add_argument('--batch', type=int, nargs='+', default=[2, 8])
-    parser.add_argument('--models', nargs='+', default=list(BACKBONES), choices=list(BACKBONES))
+    parser.add_argument('--models', nargs='+', default=list(BACKBONES)[:3], choices=list(BACKBONES),
+                        help="default: the three detection backbones; add 'GSA-ResNet-50, all stages'")
     parser.add_argument('--policy', default='cuda', choices=['cuda', 'cpu'])
     parser.add_argument('--amp', default='fp16', choices=list(AMP),
                         help="autocast dtype: fp16 (default, what tools/train.py --amp runs on CUDA), bf16, "
@@ -376,7 +381,7 @@ def main():
           f'at {args.size}x{args.size}, BatchNorm {"frozen (norm_eval)" if args.norm_eval else "training"}'
           f'{", with_cp" if args.with_cp else ""}; '
           f'ops = non-view aten ops dispatched')
-    print(f'{"model":<14} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
+    print(f'{"model":<26} {"batch":>5} | {"ops":>6} {"x R50":>6} | {"GFLOP":>8} {"x R50":>6} | '
           f'{"non-GEMM GiB":>12} {"x R50":>6} | {"peak GiB":>8} {"x R50":>6}')
     results = {}
     for batch in args.batch:
@@ -388,7 +393,7 @@ def main():
 
             def ratio(key, r=r, base=base):
                 return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
-            print(f'{name:<14} {batch:>5} | {r["ops"]:6d} {ratio("ops")} | {r["flops"] / 1e9:8.1f} {ratio("flops")} | '
+            print(f'{name:<26} {batch:>5} | {r["ops"]:6d} {ratio("ops")} | {r["flops"] / 1e9:8.1f} {ratio("flops")} | '
                   f'{r["bytes"] / 2 ** 30:12.2f} {ratio("bytes")} | {r["peak"] / 2 ** 30:8.2f} {ratio("peak")}',
                   flush=True)
             if args.top:

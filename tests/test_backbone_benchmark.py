@@ -59,3 +59,4 @@ def test_every_backbone_builds_its_detector_from_its_config(backbone, tmp_path):
 def test_run_names_are_distinct_folder_names():
     names = [bench.run_name(b) for b in bench.BACKBONES]
     assert len(set(names)) == len(names) and bench.run_name('GSA-ResNet-26, all stages') == 'GSA-ResNet-26_all_stages'
+

@@ -39,6 +39,19 @@ def test_every_config_builds_its_model(path):
     build_optim_wrapper(model, cfg.optim_wrapper)  # the shared head convs are accepted (bypass_duplicate)
 
 
+def test_op_counts_backbones_are_the_detection_configs():
+    """benchmarks/op_counts.py counts the backbones the COCO scratch configs train (GSA in stages 2-4)."""
+    sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
+    import op_counts
+    for name, config in op_counts.CONFIGS.items():
+        backbone = load_config(config).model.backbone
+        expected = op_counts.BACKBONES[name]
+        if name.endswith('all stages'):
+            continue
+        assert (backbone.type, backbone.depth) == (expected['type'], expected['depth'])
+        assert backbone.get('stage_with_attention') == expected.get('stage_with_attention'), name
+
+
 def _base_chain(path):
     """Every file a config inherits from, read from the ``_base_`` lines (mmdet:: names kept)."""
     import ast

@@ -195,19 +195,19 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy):
     with force_policy(policy):
         with amp:
             ref = model(x)[-1]
-        g_ref = torch.autograd.grad(ref.float().square().sum(), list(model.parameters()))
+        g_ref = torch.autograd.grad(ref.float().square().sum(), list(model.parameters()), allow_unused=True)
         runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
         hooks.CompileBackboneHook().before_train(runner)
         start = time.time()
         with amp:
             out = model(x)[-1]
-        g = torch.autograd.grad(out.float().square().sum(), list(model.parameters()))
+        g = torch.autograd.grad(out.float().square().sum(), list(model.parameters()), allow_unused=True)
         print(f'{backbone} ({policy} policy) compiled at 640x640 in {time.time() - start:.0f} s (first forward + '
               f'backward)')
     if policy == 'cuda':  # float16 / bfloat16 products: the output within their rounding
         torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
-        assert all(t.isfinite().all() for t in g)
+        assert all(t.isfinite().all() for t in g if t is not None)
         return
     torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
-    for a, b in zip(g, g_ref):
-        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)
+    for a, b in zip(g, g_ref):  # each gradient within 1e-3 of its largest element (reassociated sums)
+        assert (a is None) == (b is None) and (b is None or (a - b).abs().max() <= 1e-3 * b.abs().max() + 1e-6)

@@ -25,7 +25,8 @@ each seed in its own process, and is tested at the training size (``val``, 160 p
         [--set model.backbone.attention.components="('content',)" ...]   # an ablation
 
 Prints a line per trained detector and ``mean +- spread (min-max)`` of COCO mAP per backbone and split;
-writes ``results.json`` to the work dir. Trained checkpoints are reused.
+merges every run into ``results.json`` in the work dir (``results_<overrides>.json`` for an ablation), a
+backbone's seeds gathered over invocations. Trained checkpoints are reused.
 """
 import argparse
 import json
@@ -269,7 +270,7 @@ def main():
                 print(f'{backbone} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}', flush=True)
                 continue
             result = json.loads(lines[-1][len('RESULT '):])
-            table.setdefault(backbone, []).append(result)
+            table.setdefault(backbone, []).append(dict(result, seed=seed))
             print(f'{backbone} seed {seed}: ' + '  '.join(f'{k} {v:.3f}' for k, v in result.items())
                   + ('  (' + lines[0] + ')' if lines[0].startswith('TRAINED') else ''), flush=True)
     print(f'\nCOCO bbox mAP{" with " + str(extra) if extra else ""}, {args.epochs} epochs, seeds {args.seeds}: '
@@ -279,8 +280,23 @@ def main():
     for backbone, rows in table.items():
         print(f'| {backbone} | ' + ' | '.join(summary([r[s] for r in rows]) for s, _ in SPLITS) + ' |')
     os.makedirs(args.work_dir, exist_ok=True)
-    with open(osp.join(args.work_dir, f'results{"_" + tag if tag else ""}.json'), 'w') as f:
-        json.dump(dict(epochs=args.epochs, seeds=args.seeds, overrides=extra, results=table), f, indent=1)
+    write_results(osp.join(args.work_dir, f'results{"_" + tag if tag else ""}.json'), args.epochs, extra, table)
+
+
+def write_results(path: str, epochs: int, overrides: dict, table: dict):
+    """Merge ``table`` (``{backbone: [{split: mAP, 'seed': s}]}``) into the results file at ``path``: a run of
+    the same backbone and seed replaces the file's, other runs stay (one file over several invocations)."""
+    results = {}
+    if osp.isfile(path):
+        with open(path) as f:
+            previous = json.load(f)
+        if previous.get('epochs') == epochs and previous.get('overrides', {}) == json.loads(json.dumps(overrides)):
+            results = {b: [r for r in rows if 'seed' in r] for b, rows in previous['results'].items()}
+    for backbone, rows in table.items():
+        by_seed = {r['seed']: r for r in results.get(backbone, []) + rows}
+        results[backbone] = [by_seed[s] for s in sorted(by_seed)]
+    with open(path, 'w') as f:
+        json.dump(dict(epochs=epochs, overrides=overrides, results=results), f, indent=1)
 
 
 if __name__ == '__main__':

@@ -60,3 +60,15 @@ def test_run_names_are_distinct_folder_names():
     names = [bench.run_name(b) for b in bench.BACKBONES]
     assert len(set(names)) == len(names) and bench.run_name('GSA-ResNet-26, all stages') == 'GSA-ResNet-26_all_stages'
 
+
+
+def test_results_file_gathers_seeds_over_invocations(tmp_path):
+    path = str(tmp_path / 'results.json')
+    bench.write_results(path, 24, {}, {'GSA-ResNet-26': [{'val': 0.5, 'seed': 0}]})
+    bench.write_results(path, 24, {}, {'GSA-ResNet-26': [{'val': 0.6, 'seed': 1}, {'val': 0.7, 'seed': 0}],
+                                       'ResNet-18': [{'val': 0.4, 'seed': 2}]})
+    results = json.load(open(path))['results']
+    assert results == {'GSA-ResNet-26': [{'val': 0.7, 'seed': 0}, {'val': 0.6, 'seed': 1}],
+                       'ResNet-18': [{'val': 0.4, 'seed': 2}]}
+    bench.write_results(path, 12, {}, {'ResNet-18': [{'val': 0.3, 'seed': 0}]})  # another schedule: a new file
+    assert json.load(open(path))['results'] == {'ResNet-18': [{'val': 0.3, 'seed': 0}]}

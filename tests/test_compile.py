@@ -189,7 +189,8 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy):
     from aa_det.models.layers.kernel_policy import force_policy
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = MODELS.build(dict(type=backbone, depth=50)).train()
+    model = MODELS.build(dict(type=backbone, depth=50))
+    model.train()  # mmdet's ResNet.train returns None
     x = torch.randn(1, 3, 640, 640, generator=torch.Generator().manual_seed(0))
     amp = torch.autocast('cpu', dtype=torch.float16, enabled=policy == 'cuda')
     with force_policy(policy):

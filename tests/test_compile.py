@@ -172,24 +172,28 @@ def test_with_cp_backbone_compiles_with_graph_breaks_and_right_statistics():
     hooks.CompileBackboneHook(backend='aot_eager', fullgraph=False).before_train(runner)
 
 
-#: GSA-ResNet-50 compiles and runs, but its output is not eager's within the bounds (2 CPU cores, torch 2.14.1)
-GSA_640 = pytest.mark.xfail(reason='compiled GSA-ResNet-50 at 640x640 differs from eager: float32 3.5% of outputs '
-                            'beyond 1e-3 (max 0.30), CUDA policy under bf16 30.7% beyond 0.05 (max 41); not yet '
-                            'told apart from rounding through training-mode BatchNorm at batch 1', strict=False)
+#: how far the compiled backbone's outputs may be from the float64 eager ones, in multiples of eager's own
+#: distance (mean absolute error per FPN input): 2 CPU cores, torch 2.14.1, GSA-ResNet-50 at 256x256 measured
+#: 3.5-3.6x at every level (inductor's vectorised exp and reductions round differently; a wrong graph is
+#: off by the outputs' own size, hundreds of times eager's rounding)
+ROUNDING_FACTOR = 10
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('backbone,policy,norm_eval', [('AAResNet', 'cpu', True),
-                                                       pytest.param('GSAResNet', 'cpu', False, marks=GSA_640),
-                                                       pytest.param('GSAResNet', 'cuda', False, marks=GSA_640)])
+@pytest.mark.parametrize('backbone,policy,norm_eval', [('AAResNet', 'cpu', True), ('GSAResNet', 'cpu', False),
+                                                       ('GSAResNet', 'cuda', False)])
 def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     """AA-ResNet-50 and GSA-ResNet-50 at 640x640, training mode, compiled by ``CompileBackboneHook``
-    (inductor, ``fullgraph=True``) as a config's ``custom_hooks`` does: the output as eager's, and, in
-    float32, the gradients too. AA with mmdet's frozen BatchNorm (``norm_eval=True``), GSA with training
-    BatchNorm (GSA with fresh running statistics is not finite at this size, docs/design.md). The
-    ``'cuda'`` case runs the CUDA path's kernels on CPU tensors under bf16 autocast (under CPU fp16 autocast
-    inductor stops in ``at::autocast::prioritize``). Prints the compile time (docs/benchmarks.md); minutes
-    per case (AA 185 s, GSA 210 s and 252 s on 2 cores)."""
+    (inductor, ``fullgraph=True``) as a config's ``custom_hooks`` does: every output as close to a float64
+    eager run as eager's own float32 (bf16 under the ``'cuda'`` policy) is, within :data:`ROUNDING_FACTOR`:
+    GSA-ResNet-50 with training BatchNorm at batch 1 amplifies rounding a thousandfold over its depth
+    (eager float32 is 0.18 from float64 at stage 4 at 256x256), so no fixed tolerance against eager
+    tells rounding from a wrong graph. In float32 AA's outputs and gradients are eager's within 1e-3 too.
+    AA with mmdet's frozen BatchNorm (``norm_eval=True``), GSA with training BatchNorm (GSA with fresh running
+    statistics is not finite at this size, docs/design.md). The ``'cuda'`` case runs the CUDA path's kernels
+    on CPU tensors under bf16 autocast (under CPU fp16 autocast inductor stops in ``at::autocast::prioritize``).
+    Prints the compile time (docs/benchmarks.md); minutes per case on 2 cores."""
+    import copy
     import time
     from types import SimpleNamespace
 
@@ -203,23 +207,27 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     model = MODELS.build(dict(type=backbone, depth=50, norm_eval=norm_eval))
     model.train()  # mmdet's ResNet.train returns None
     x = torch.randn(1, 3, 640, 640, generator=torch.Generator().manual_seed(0))
+    with force_policy('cpu'), torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())  # float64: the reference of both runs
     amp = torch.autocast('cpu', dtype=torch.bfloat16, enabled=policy == 'cuda')
     with force_policy(policy):
         with amp:
-            ref = model(x)[-1]
-        g_ref = torch.autograd.grad(ref.float().square().sum(), list(model.parameters()), allow_unused=True)
+            ref = model(x)
+        g_ref = torch.autograd.grad(ref[-1].float().square().sum(), list(model.parameters()), allow_unused=True)
         runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
         hooks.CompileBackboneHook().before_train(runner)
         start = time.time()
         with amp:
-            out = model(x)[-1]
-        g = torch.autograd.grad(out.float().square().sum(), list(model.parameters()), allow_unused=True)
+            out = model(x)
+        g = torch.autograd.grad(out[-1].float().square().sum(), list(model.parameters()), allow_unused=True)
         print(f'{backbone} ({policy} policy) compiled at 640x640 in {time.time() - start:.0f} s (first forward + '
               f'backward)')
-    if policy == 'cuda':  # bfloat16 products: the output within their rounding
-        torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
-        assert all(t.isfinite().all() for t in g if t is not None)
-        return
-    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-3)
-    for a, b in zip(g, g_ref):  # each gradient within 1e-3 of its largest element (reassociated sums)
-        assert (a is None) == (b is None) and (b is None or (a - b).abs().max() <= 1e-3 * b.abs().max() + 1e-6)
+    for level, (e, r, o) in enumerate(zip(exact, ref, out)):
+        eager_error, compiled_error = ((t.double() - e).abs().mean().item() for t in (r, o))
+        print(f'level {level}: mean |eager - float64| {eager_error:.3g}, |compiled - float64| {compiled_error:.3g}')
+        assert compiled_error <= ROUNDING_FACTOR * eager_error + 1e-7, level
+    assert all(t.isfinite().all() for t in g if t is not None)
+    if backbone == 'AAResNet' and policy == 'cpu':
+        torch.testing.assert_close(out[-1], ref[-1], rtol=1e-3, atol=1e-3)
+        for a, b in zip(g, g_ref):  # each gradient within 1e-3 of its largest element (reassociated sums)
+            assert (a is None) == (b is None) and (b is None or (a - b).abs().max() <= 1e-3 * b.abs().max() + 1e-6)

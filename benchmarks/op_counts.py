@@ -2,7 +2,7 @@
 measured on the CPU (issue 19): what a GPU would run, counted without one.
 
 For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet configs' backbones: GSA in stages
-2-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's ResNet does by
+3-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's ResNet does by
 default; ``GSA-ResNet-50, all stages`` is the paper's classification backbone), one backbone forward +
 backward (``sum of the outputs' means``) under fp16 autocast (``--amp``: fp16, what ``tools/train.py --amp``
 runs on CUDA; bf16; fp32), with ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the
@@ -54,7 +54,7 @@ from torch.utils.flop_counter import (FlopCounterMode, register_flop_formula, sd
 BACKBONES = {
     'ResNet-50': dict(type='ResNet', depth=50),
     'AA-ResNet-50': dict(type='AAResNet', depth=50),
-    'GSA-ResNet-50': dict(type='GSAResNet', depth=50, stage_with_attention=(False, True, True, True)),  # detection's
+    'GSA-ResNet-50': dict(type='GSAResNet', depth=50, stage_with_attention=(False, False, True, True)),  # detection's
     'GSA-ResNet-50, all stages': dict(type='GSAResNet', depth=50),  # the paper's GSA-ResNet-50
 }
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))

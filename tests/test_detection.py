@@ -40,7 +40,7 @@ def test_every_config_builds_its_model(path):
 
 
 def test_op_counts_backbones_are_the_detection_configs():
-    """benchmarks/op_counts.py counts the backbones the COCO scratch configs train (GSA in stages 2-4)."""
+    """benchmarks/op_counts.py counts the backbones the COCO scratch configs train (GSA in stages 3-4)."""
     sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
     try:
         import op_counts
@@ -324,7 +324,7 @@ def test_missing_pretrained_checkpoint_names_the_file(name, tiny_shapes):
 @pytest.mark.parametrize('name', sorted(PRETRAINED))
 def test_pretrained_detector_backbone_is_its_imagenet_configs(name):
     """The 36e configs' backbone has every key and shape of the classification config's backbone that
-    writes its checkpoint (GSA's detection default, stages 2-4, would not load the paper's GSA-ResNet-50)."""
+    writes its checkpoint (GSA's detection default, stages 3-4, would not load the paper's GSA-ResNet-50)."""
     from mmdet.registry import MODELS
     det = load_config(osp.join(ROOT, 'configs/retinanet', name)).model.backbone
     cls = load_config(osp.join(ROOT, 'configs/imagenet', PRETRAINED[name])).model.backbone

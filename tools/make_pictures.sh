@@ -55,11 +55,11 @@ for i, tile in enumerate(tiles):
 sheet.save(sys.argv[2], optimize=True)
 EOF
 
-# attention maps: one AA layer (stage 3, second block) and one GSA layer (stage 2's second block),
+# attention maps: one AA layer (stage 3, second block) and one GSA layer (stage 3, second block),
 # three query pixels on a generated scene of 256 px (twice the training crops)
 "$PY" demo/vis_attention.py "$AA_CFG" "$WORK/aa/epoch_12.pth" --layer layer3.1.conv1 --size 256 \
     --out "$OUT/attention_aa.png"
-"$PY" demo/vis_attention.py "$GSA_CFG" "$WORK/gsa/epoch_12.pth" --layer layer2.1.conv2 --size 256 \
+"$PY" demo/vis_attention.py "$GSA_CFG" "$WORK/gsa/epoch_12.pth" --layer layer3.1.conv2 --size 256 \
     --positions 0.3,0.3 0.5,0.5 --out "$OUT/attention_gsa.png"
 
 # benchmark ratios to ResNet-50, drawn from the benchmarks' output files in docs/data/

@@ -147,7 +147,9 @@ def test_vis_detections_bad_paths_are_named(tiny_detector, tmp_path):
     fails_clearly(run(VIS, DEMO, tiny_detector['with_meta'], empty), 'no images', empty)
 
 
-@pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv1'), ('GSAResNet', 'layer2.1.conv2')])
+#: the GSA case (24 s) is slow: test_attention_maps.py checks GSA's maps, the AA case this tool's path
+@pytest.mark.parametrize('backbone, layer', [('AAResNet', 'layer3.0.conv1'),
+                                             pytest.param('GSAResNet', 'layer2.1.conv2', marks=pytest.mark.slow)])
 def test_vis_attention_draws_a_grid(tiny_detector, backbone, layer, tmp_path):
     """CONFIG CHECKPOINT, as every tool: the demo detector's checkpoint; a GSA classifier's."""
     vis = osp.join(ROOT, 'demo/vis_attention.py')

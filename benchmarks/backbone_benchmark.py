@@ -13,8 +13,7 @@ deterministically (:func:`generate`) in COCO format:
 
 Each backbone (:data:`BACKBONES`: ResNet-18, AA-ResNet-18, GSA-ResNet-26 as its detection configs set it
 (stages 3-4 attentional), GSA-ResNet-26 with stages 2-4 and with every stage attentional (the paper's
-default), and ResNet-26 of
-GSA-ResNet-26's own shape with every stage convolutional, mmdet's Bottleneck) trains with the demo recipe at
+default), and ResNet-26 of GSA-ResNet-26's own shape with every stage convolutional, mmdet's Bottleneck) trains with the demo recipe at
 160 px (``configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py`` and its GSA twin
 ``retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py``: from scratch, jitter, flips, warm-up, clipping, one
 BatchNorm per FPN level in the head; ``--epochs``, the LR steps at 3/4 and 11/12),

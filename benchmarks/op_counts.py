@@ -26,8 +26,8 @@ backward. Per model:
   (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
 
 Each is counted on a training step after one learning forward pass at the same size
-(``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``): the first pass at a new size also builds the constants that
-are cached per size (AA's one-hot fold columns, the relative-offset indices of both
+(``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``):
+the first pass at a new size also builds the constants that are cached per size (AA's one-hot fold columns, the relative-offset indices of both
 architectures; ``relative_attention._fold_columns`` / ``_fold_index``, ``relative_embeddings``), a few ops per
 layer once.
 

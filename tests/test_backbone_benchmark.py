@@ -48,7 +48,8 @@ def test_every_backbone_builds_its_detector_from_its_config(backbone, tmp_path):
     assert cls_scores[0].shape[1] == 10 * 9
     stages = [any(isinstance(m, GlobalSelfAttention2d) for m in getattr(model.backbone, f'layer{i}').modules())
               for i in range(1, 5)]
-    assert stages == {'GSA-ResNet-26': [False, False, True, True], 'GSA-ResNet-26, stages 2-4': [False, True, True, True],
+    assert stages == {'GSA-ResNet-26': [False, False, True, True],
+                      'GSA-ResNet-26, stages 2-4': [False, True, True, True],
                       'GSA-ResNet-26, all stages': [True] * 4}.get(backbone, [False] * 4)
     if 'ResNet-26' in backbone:
         assert [len(getattr(model.backbone, f'layer{i}')) for i in range(1, 5)] == [1, 2, 4, 1]

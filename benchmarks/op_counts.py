@@ -27,9 +27,9 @@ backward. Per model:
 
 Each is counted on a training step after one learning forward pass at the same size
 (``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``):
-the first pass at a new size also builds the constants that are cached per size (AA's one-hot fold columns, the relative-offset indices of both
-architectures; ``relative_attention._fold_columns`` / ``_fold_index``, ``relative_embeddings``), a few ops per
-layer once.
+the first pass at a new size also builds the constants that are cached per size (AA's one-hot fold
+columns, the relative-offset indices of both architectures; ``relative_attention._fold_columns`` /
+``_fold_index``, ``relative_embeddings``), a few ops per layer once.
 
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
     .venv/bin/python benchmarks/op_counts.py --step --batch 8    # whole RetinaNet training steps

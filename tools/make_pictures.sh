@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the README's pictures (docs/img/*.png) with the repository's own tools:
 #   1. trains the demo detector (AA-ResNet-18, demo/detection_demo.py) and a GSA-ResNet-26 one on the
-#      same generated shapes and recipe (seed 0, 12 epochs each; about 7 + 10 minutes on 2 CPU cores),
+#      same generated shapes and recipe (seed 0, 12 epochs each; about 4 + 2 minutes on 2 CPU cores),
 #   2. draws detections of the AA detector on four validation images (demo/vis_detections.py),
 #   3. draws per-head attention maps of one AA layer and one GSA layer (demo/vis_attention.py),
 #   4. plots the benchmark ratios to ResNet-50 from docs/data/*.json (tools/analysis_tools/plot_ratios.py).

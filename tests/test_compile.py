@@ -173,9 +173,9 @@ def test_with_cp_backbone_compiles_with_graph_breaks_and_right_statistics():
 
 
 #: how far the compiled backbone's outputs may be from the float64 eager ones, in multiples of eager's own
-#: distance (mean absolute error per FPN input): 2 CPU cores, torch 2.14.1, GSA-ResNet-50 at 256x256 measured
-#: 3.5-3.6x at every level (inductor's vectorised exp and reductions round differently; a wrong graph is
-#: off by the outputs' own size, hundreds of times eager's rounding)
+#: distance (mean absolute error per FPN input): 2 CPU cores, torch 2.14.1, GSA-ResNet-50 at 640x640 measured
+#: 2.5-3.6x in float32 and 1.0x in bf16 (inductor's vectorised exp and reductions round differently; a
+#: wrong graph is off by the outputs' own size, hundreds of times eager's rounding)
 ROUNDING_FACTOR = 10
 
 
@@ -213,7 +213,9 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     with force_policy(policy):
         with amp:
             ref = model(x)
-        g_ref = torch.autograd.grad(ref[-1].float().square().sum(), list(model.parameters()), allow_unused=True)
+        exact_gradients = backbone == 'AAResNet' and policy == 'cpu'  # compared with eager's below
+        g_ref = torch.autograd.grad(ref[-1].square().sum(), list(model.parameters()),
+                                    allow_unused=True) if exact_gradients else None
         runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
         hooks.CompileBackboneHook().before_train(runner)
         start = time.time()
@@ -227,7 +229,7 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
         print(f'level {level}: mean |eager - float64| {eager_error:.3g}, |compiled - float64| {compiled_error:.3g}')
         assert compiled_error <= ROUNDING_FACTOR * eager_error + 1e-7, level
     assert all(t.isfinite().all() for t in g if t is not None)
-    if backbone == 'AAResNet' and policy == 'cpu':
+    if exact_gradients:
         torch.testing.assert_close(out[-1], ref[-1], rtol=1e-3, atol=1e-3)
         for a, b in zip(g, g_ref):  # each gradient within 1e-3 of its largest element (reassociated sums)
             assert (a is None) == (b is None) and (b is None or (a - b).abs().max() <= 1e-3 * b.abs().max() + 1e-6)

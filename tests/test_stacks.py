@@ -77,6 +77,9 @@ def _user_env(tmp_path):
     return osp.join(venv, 'bin', 'python')
 
 
+#: slow (34 s): every set-up installs the plugin with pip, and test_detection.py trains our config with
+#: mmdet's own train entry; this is the recipe's whole path in a venv of its own
+@pytest.mark.slow
 def test_install_into_an_existing_environment_and_train_with_mmdet_tools(tiny_shapes, tmp_path):
     """docs/setup.md's recipe: ``pip install --no-deps -e .`` into an environment that already has
     the stack, then our tools/train.py and mmdet's own tools/train.py (from the mmdet wheel) train

@@ -19,12 +19,10 @@ import os
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'env'))
-from env_check import require_env  # noqa: E402
-
-require_env()
-
-import matplotlib  # noqa: E402
+try:  # the logs are JSON: nothing of torch or mmdet is imported, so it starts in a second
+    import matplotlib
+except ImportError as e:
+    raise SystemExit(f'aa_det: plot_curves.py needs matplotlib, not installed in {sys.executable} ({e})') from None
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402

@@ -220,8 +220,9 @@ def main():
             + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
             + ['--size', str(args.size)] + (['--compile'] if args.compile else []) + (['--profile', args.profile] if args.profile else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f'{name:<14} failed: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "?"}')
+        if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
+            tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'
+            print(f'{name:<14} failed (exit {out.returncode}):\n    {tail}', flush=True)
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         results[name] = r

@@ -32,8 +32,8 @@ def _prepare_compile(cfg: Config, path: str) -> None:
     """Make mmengine's ``compile`` option (``torch.compile`` of ``train_step``) run: an optimizer
     step dynamo can trace, the data preprocessor outside the graph, the modules' ints constant and,
     on torch < 2.4, static shapes (docs/design.md, "Compiling and exporting")."""
-    if cfg.get('optim_wrapper') is not None and \
-            cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') == 'DefaultOptimWrapperConstructor':
+    if cfg.get('optim_wrapper') is not None and cfg.optim_wrapper.get('constructor', 'DefaultOptimWrapperConstructor') \
+            in ('DefaultOptimWrapperConstructor', 'MergedGroupsOptimWrapperConstructor'):
         cfg.optim_wrapper.constructor = 'CompileOptimWrapperConstructor'
     hooks = list(cfg.get('custom_hooks') or [])
     types = {hook.get('type') for hook in hooks}
@@ -72,7 +72,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
       skips and checks that its images exist).
     * ``compile`` (mmengine's Runner option, ``torch.compile`` of ``train_step``): the optimizer
       wrapper is built by ``CompileOptimWrapperConstructor`` (plain ``dict`` param groups and
-      foreach kernels, which dynamo can trace) unless the config names another constructor;
+      foreach kernels, which dynamo can trace) unless the config names a constructor other than mmengine's
+      default or ``MergedGroupsOptimWrapperConstructor``;
       ``EagerDataPreprocessorHook`` keeps the data preprocessor out of the graph;
       ``StaticModuleIntsHook`` traces the modules' int attributes as constants (torch < 2.6); on
       torch < 2.4 shapes are static (``dynamic=False``; ``dynamic=True`` is a :class:`ConfigError`).

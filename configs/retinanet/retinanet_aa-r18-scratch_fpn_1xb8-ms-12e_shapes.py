@@ -36,6 +36,7 @@ param_scheduler = [
 ]
 optim_wrapper = dict(
     type='OptimWrapper',
+    constructor='MergedGroupsOptimWrapperConstructor',  # one param group per distinct setting
     optimizer=dict(type='SGD', lr=0.02, momentum=0.9, weight_decay=0.0001),
     paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, bypass_duplicate=True),  # shared head convs
     clip_grad=dict(max_norm=35, norm_type=2))

@@ -13,6 +13,8 @@ param_scheduler = [
 
 optim_wrapper = dict(
     type='OptimWrapper',
+    # one param group per distinct setting, not per parameter: SGD's kernels run per group
+    constructor='MergedGroupsOptimWrapperConstructor',
     optimizer=dict(type='SGD', lr=0.04, momentum=0.9, weight_decay=0.0001),
     # bypass_duplicate: RetinaSepBNHead's convs are shared by the FPN levels (one parameter,
     # several modules); mmengine's constructor refuses a parameter seen twice without it

@@ -31,13 +31,10 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
         Tensor: ``[length, length]`` long, ``idx[a, b] = clip(b - a) + max_dist - 1``.
     """
     pos = torch.arange(length, device=device)
-    offset = pos[None, :] - pos[:, None]  # [length, length]: b - a
-    # Clipped with torch.where, not clamp: in a captured graph inductor folds a clamp of an iota into the index
-    # as sympy Min / Max, and the pointwise concatenation it lowers on GPUs (AA's and GSA's index concatenations)
-    # then fails ("The argument ... is not comparable"; torch 2.11 - 2.14, docs/design.md "Compiling and exporting").
-    limit = max_dist - 1
-    offset = torch.where(offset > limit, limit, torch.where(offset < -limit, -limit, offset))
-    return offset + limit
+    offset, limit = pos[None, :] - pos[:, None], max_dist - 1  # [length, length]: b - a
+    # torch.where, not clamp: inductor makes a clamp of an arange sympy Min / Max in a concatenation's index, which
+    # it cannot compare where it lowers the concatenation pointwise (GPUs; docs/design.md "Compiling and exporting")
+    return torch.where(offset > limit, limit, torch.where(offset < -limit, -limit, offset)) + limit
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:

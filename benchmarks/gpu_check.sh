@@ -4,9 +4,9 @@
 #   1. detection_speed.py --amp (fp16) for ResNet-50, AA-ResNet-50 and GSA-ResNet-50, eager, with torch.profiler
 #      tables of three train steps per model;
 #   2. the CUDA tests (tests marked by their `cuda` skip: kernels, low precision, device policy);
-#   3. the same speed run under bf16 autocast;
+#   3. the same speed run under bf16 autocast, with its profiles;
 #   4. the backbone compiled (inductor), one model per process and time limit, GSA first.
-# Results land in OUTDIR: device.txt, summary.txt, tests.log, speed_*.json / .log, profile/<model>.txt.
+# Results land in OUTDIR: device.txt, summary.txt, tests.log, speed_*.json / .log, profile[_bf16]/<model>.txt.
 #
 #   bash benchmarks/gpu_check.sh OUTDIR                  # on the GPU machine, after copying ../shared/gpu to .gpu
 #   GPU_CHECK_SIZE=128 bash benchmarks/gpu_check.sh OUT  # dry run on the CPU: same steps, small crops, 1 step
@@ -45,7 +45,7 @@ run speed_fp16_eager $PY "${SPEED[@]}" --models "${MODELS[@]}" --json "$OUT/spee
 [ "$DEV" = cuda ] && run tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_relative_attention.py \
   tests/test_low_precision.py tests/test_kernel_policy.py -k "cuda"
 [ "$DEV" = cuda ] && run speed_bf16_eager $PY "${SPEED[@]}" --models "${MODELS[@]}" --amp-dtype bfloat16 \
-  --json "$OUT/speed_bf16_eager.json"
+  --json "$OUT/speed_bf16_eager.json" --profile "$OUT/profile_bf16"
 for ((i = ${#MODELS[@]} - 1; i >= 0; i--)); do  # GSA, AA, then ResNet-50: the compiles in question first
   m=${MODELS[i]}
   run "speed_fp16_compiled_${m}" $PY "${SPEED[@]}" --models "$m" --compile --json "$OUT/speed_fp16_compiled_${m}.json"

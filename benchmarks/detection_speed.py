@@ -14,7 +14,8 @@ in one process); inputs are random images with random boxes, so no data is read.
 ``--amp``: mmengine's ``AmpOptimWrapper`` (fp16 autocast + dynamic loss scale; ``--amp-dtype bfloat16``:
 bf16 autocast, the focal loss in float32) on CUDA, bf16 autocast on the CPU; the kernels pick their
 precision per device and dtype (``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
-``--compile``: the backbone runs ``torch.compile``-d (inductor); ``first s`` is the first warm-up
+``--compile [MODE]``: the backbone runs ``torch.compile``-d (inductor; MODE ``reduce-overhead`` adds CUDA
+graphs, which a launch-bound step may gain from); ``first s`` is the first warm-up
 step, compile included. ``--profile DIR``: ``torch.profiler`` tables of three train steps per model
 (``DIR/<model>.txt``: ops by device time, and the number of kernels launched).
 
@@ -83,7 +84,7 @@ def _median_time(device, steps, warmup, make_input, step_fn):
     return statistics.median(times), result
 
 
-def run_case(name, device, steps, warmup, amp, batch, aa_impl=None, amp_dtype='float16', compile_backbone=False,
+def run_case(name, device, steps, warmup, amp, batch, aa_impl=None, amp_dtype='float16', compile_backbone=None,
              profile=None, size=640):
     """Time ``steps`` training steps and inferences of one model; returns a dict."""
     import torch
@@ -100,7 +101,7 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None, amp_dtype='f
     model = MODELS.build(cfg.model).to(device)
     model.init_weights()
     if compile_backbone:
-        model.backbone = torch.compile(model.backbone)
+        model.backbone = torch.compile(model.backbone, mode=compile_backbone)
     optim_cfg = dict(cfg.optim_wrapper)
     if amp:
         optim_cfg.update(dict(type='CPUAmpOptimWrapper') if device == 'cpu' else
@@ -192,7 +193,9 @@ def main():
     parser.add_argument('--amp', action='store_true', help='fp16 (CUDA) / bf16 (CPU) autocast')
     parser.add_argument('--amp-dtype', default='float16', choices=['float16', 'bfloat16'],
                         help='the autocast dtype of --amp on CUDA (the CPU runs bfloat16)')
-    parser.add_argument('--compile', action='store_true', help='torch.compile the backbone (inductor)')
+    parser.add_argument('--compile', nargs='?', const='default', metavar='MODE',
+                        help="torch.compile the backbone (inductor) in torch.compile's MODE (default, reduce-overhead: "
+                             'CUDA graphs, max-autotune, ...)')
     parser.add_argument('--size', type=int, default=640, help='training crop size (the recipe: 640)')
     parser.add_argument('--json', metavar='FILE', help='also write the settings and results as JSON')
     parser.add_argument('--profile', metavar='DIR', help='write torch.profiler tables of 3 train steps per model')
@@ -218,7 +221,7 @@ def main():
         cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
                '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
             + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
-            + ['--size', str(args.size)] + (['--compile'] if args.compile else []) + (['--profile', args.profile] if args.profile else [])
+            + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) + (['--profile', args.profile] if args.profile else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
             tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'

@@ -221,7 +221,8 @@ def main():
         cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
                '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
             + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
-            + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) + (['--profile', args.profile] if args.profile else [])
+            + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
+            + (['--profile', args.profile] if args.profile else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
             tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'

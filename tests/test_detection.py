@@ -169,8 +169,10 @@ def test_runner_compile_option_builds_an_optimizer_dynamo_can_step():
     assert all(torch.equal(a, p) for a, p in zip(eager_model.parameters(), model.parameters()))
 
 
-@pytest.mark.parametrize('path', [DEMO, osp.join(ROOT, 'configs/retinanet/retinanet_r50-scratch_fpn_8xb8-ms-150e_coco.py')],
-                         ids=['demo', 'coco'])
+COCO_R50 = osp.join(ROOT, 'configs/retinanet/retinanet_r50-scratch_fpn_8xb8-ms-150e_coco.py')
+
+
+@pytest.mark.parametrize('path', [DEMO, COCO_R50], ids=['demo', 'coco'])
 def test_detection_configs_step_sgd_per_setting_not_per_parameter(path):
     """The detection configs' optimizer has one param group per distinct setting (with and without weight
     decay), not mmengine's one per parameter, so SGD's foreach kernels (CUDA's default) run once per group:

@@ -111,6 +111,37 @@ def test_readme_ratios_are_the_benchmark_files():
     assert 'plot_ratios.py' in open(osp.join(ROOT, 'tools', 'make_pictures.sh')).read()
 
 
+#: README GPU table rows (first cell) -> (file under docs/data, result key, ResNet-50's unit and scale)
+README_GPU_ROWS = {'train step, fp16': ('detection_speed_h200_fp16.json', 'train_s', 'ms'),
+                   'train step, bf16': ('detection_speed_h200_bf16.json', 'train_s', 'ms'),
+                   'backbone forward + backward, fp16': ('detection_speed_h200_fp16.json', 'backbone_s', 'ms'),
+                   'peak memory, train, fp16': ('detection_speed_h200_fp16.json', 'train_peak_gib', 'GiB'),
+                   'inference, one 1333x800 image, fp16': ('detection_speed_h200_fp16.json', 'infer_s', 'ms')}
+
+
+def test_readme_gpu_table_is_the_gpu_files():
+    """The README's GPU table and its Results row are ``detection_speed.py --json`` files of the GPU run."""
+    import json
+    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
+        lines = f.read().splitlines()
+    for start, (name, key, unit) in README_GPU_ROWS.items():
+        with open(osp.join(ROOT, 'docs', 'data', name)) as f:
+            data = json.load(f)
+        results = data['results']
+        line = next((l for l in lines if l.startswith(f'| {start}')), None)
+        assert line is not None and data['commit'] in ' '.join(lines), start
+        base, aa, gsa = (cell.strip() for cell in line.split('|')[2:5])
+        value = results['ResNet-50'][key] * (1000 if unit == 'ms' else 1)
+        assert base == f'{value:.1f} {unit}' if unit == 'ms' else base == f'{value:.2f} {unit}', (start, base)
+        for cell, model in ((aa, 'AA-ResNet-50'), (gsa, 'GSA-ResNet-50')):
+            assert cell == f'{results[model][key] / results["ResNet-50"][key]:.2f}x', (start, model, cell)
+    summary = next(l for l in lines if l.startswith('| GPU train step'))  # the Results row: fp16 / bf16
+    steps = [json.load(open(osp.join(ROOT, 'docs', 'data', README_GPU_ROWS[f'train step, {amp}'][0])))['results']
+             for amp in ('fp16', 'bf16')]
+    for cell, model in zip(summary.split('|')[2:4], ('AA-ResNet-50', 'GSA-ResNet-50')):
+        assert cell.strip() == ' / '.join(f'{r[model]["train_s"] / r["ResNet-50"]["train_s"]:.2f}x' for r in steps)
+
+
 @pytest.mark.slow
 def test_make_pictures_writes_every_png(tmp_path):
     """Trains the AA and GSA demo detectors (a few minutes on 2 cores) and draws every picture."""

@@ -70,12 +70,15 @@ class MergedGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     weights with ``load_from`` instead.
 
     Examples:
+        >>> import logging
+        >>> logging.disable(logging.INFO)  # mmengine logs every parameter's settings
         >>> constructor = MergedGroupsOptimWrapperConstructor(
         ...     dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4)),
         ...     dict(norm_decay_mult=0.0, bias_decay_mult=0.0))
         >>> model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1))
         >>> [(len(g['params']), g['weight_decay']) for g in constructor(model).optimizer.param_groups]
         [(2, 0.0001), (4, 0.0)]
+        >>> logging.disable(logging.NOTSET)
     """
 
     def __call__(self, model: nn.Module) -> OptimWrapper:

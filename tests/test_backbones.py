@@ -177,10 +177,10 @@ def test_checkpoint_keys_unchanged():
 def test_complexity_tool_matches_papers_tables():
     """tools/analysis_tools/complexity.py: every row's parameters within 1% and GFLOPs within 5% of the paper's (one exception)."""
     import os.path as osp
-    import subprocess
-    import sys
+
+    from tool_process import run_python
     tool = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis_tools', 'complexity.py')
-    out = subprocess.run([sys.executable, tool], capture_output=True, text=True)
+    out = run_python([tool])
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines()[1:]]
     assert len(rows) == 14

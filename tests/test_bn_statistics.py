@@ -2,8 +2,6 @@
 and tools/analysis_tools/bn_check.py evaluates a checkpoint with running and with batch statistics."""
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from mmdet.registry import MODELS
 from aa_det.evaluation.bn_statistics import RunningStatisticsGap, batch_statistics, shared_head_norms
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_process import run_python
 
 BN = dict(type='BN', requires_grad=True)
 HEAD = dict(num_classes=3, in_channels=16, feat_channels=16, stacked_convs=2, norm_cfg=BN)
@@ -79,17 +78,15 @@ def test_train_names_a_shared_batchnorm_head_and_bn_check_measures_both_statisti
     opts = demo_options(tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
                                         'train_cfg.val_interval': 10, 'model.test_cfg.score_thr': 0.0})
     options = ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
-    train = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), str(config), '--work-dir',
-                            str(tmp_path / 'work')] + options, capture_output=True, text=True, cwd=ROOT)
+    train = run_python([osp.join(ROOT, 'tools/train.py'), config, '--work-dir', tmp_path / 'work', *options], cwd=ROOT)
     assert train.returncode == 0, train.stderr[-3000:]
     warnings = [line for line in (train.stdout + train.stderr).splitlines() if 'FPN levels' in line]
     assert len(warnings) == 1, warnings
     assert 'model.bbox_head (RetinaHead) applies each of its 4 BatchNorms to all 5 FPN levels' in warnings[0]
     assert "type='RetinaSepBNHead' with num_ins=5" in warnings[0] and 'bn_check.py' in warnings[0]
 
-    check = subprocess.run([sys.executable, osp.join(ROOT, 'tools/analysis_tools/bn_check.py'), str(config),
-                            str(tmp_path / 'work' / 'epoch_1.pth'), '--top', '1000', '--work-dir',
-                            str(tmp_path / 'check')] + options, capture_output=True, text=True, cwd=ROOT)
+    check = run_python([osp.join(ROOT, 'tools/analysis_tools/bn_check.py'), config, tmp_path / 'work' / 'epoch_1.pth',
+                      '--top', '1000', '--work-dir', tmp_path / 'check', *options], cwd=ROOT)
     assert check.returncode == 0, check.stderr[-3000:]
     out = check.stdout
     assert re.search(r'running statistics .*:\s+mAP=\d\.\d{3}  mAP_50=\d\.\d{3}  mAP_75=', out), out

@@ -5,8 +5,6 @@ import glob
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -16,6 +14,7 @@ from aa_det.engine import ConfigError, NonFiniteLossError, NonFiniteOutputError,
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr
+from tool_process import run_python
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 # one iteration per epoch, no validation unless asked
@@ -60,10 +59,8 @@ def overwrite_bytes(src, dst, new_bytes):
 
 
 def run_test_tool(tiny_shapes, checkpoint, work_dir, **extra):
-    return subprocess.run([sys.executable, osp.join(ROOT, 'tools/test.py'), DEMO, checkpoint, '--work-dir',
-                           str(work_dir), '--cfg-options'] + [f'{k}={v}' for k, v in
-                                                               demo_options(tiny_shapes, **extra).items()],
-                          capture_output=True, text=True, env=ENV, cwd=ROOT)
+    return run_python([osp.join(ROOT, 'tools/test.py'), DEMO, checkpoint, '--work-dir', work_dir, '--cfg-options',
+                     *[f'{k}={v}' for k, v in demo_options(tiny_shapes, **extra).items()]], env=ENV, cwd=ROOT)
 
 
 @pytest.mark.parametrize('new_bytes', [b'\xff' * 8, torch.full((1024,), 0.5).numpy().tobytes()],

@@ -17,6 +17,7 @@ from aa_det.engine import ConfigError, build_runner, load_config
 
 from demo_config import demo_options
 from tool_output import own_stderr
+from tool_process import run_python
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py')
@@ -209,9 +210,8 @@ def test_train_tool_names_a_missing_image_folder_in_one_line(shapes, tmp_path):
     """``tools/train.py`` prints one ``aa_det:`` line (mmpretrain's dataset: a traceback)."""
     missing = tmp_path / 'nowhere'
     options = _options(shapes, **{'train_dataloader.dataset.data_root': str(missing)})
-    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', str(tmp_path / 'w'),
-                          '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = run_python([osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', tmp_path / 'w',
+                    '--cfg-options', *[f'{k}={v}' for k, v in options.items()]], cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
     assert own_stderr(out.stderr).strip().splitlines()[-1] == (
         f"aa_det: train_dataloader.dataset: image folder not found: {missing}/train (data_root='{missing}', "

@@ -6,8 +6,6 @@ import os
 import os.path as osp
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 from mmengine.hooks import Hook
@@ -17,16 +15,17 @@ from aa_det.engine import ConfigError, build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr
+from tool_process import run_python
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 ONE_ITER = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8}
 
 
 def run_tool(tool, *args, options=None):
-    cmd = [sys.executable, osp.join(ROOT, 'tools', tool), *map(str, args)]
+    cmd = [osp.join(ROOT, 'tools', tool), *args]
     if options:
         cmd += ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT)
+    return run_python(cmd, env=ENV, cwd=ROOT)
 
 
 @pytest.fixture

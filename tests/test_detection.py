@@ -20,6 +20,7 @@ from aa_det.engine.runner import shared_head_norm_warning
 from aa_det.utils.compat import TORCH_VERSION
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_process import run_python
 
 CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/retinanet/*.py')))
 
@@ -322,9 +323,8 @@ def test_coco_config_tests_at_1333x800_through_the_tool(tmp_path, name):
     # an eval-mode GSA network squares its activations block after block, to NaN at 800x800
     model.init_weights()
     torch.save({'state_dict': model.state_dict()}, ckpt)
-    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/test.py'), path, str(ckpt), '--work-dir',
-                          str(tmp_path / 'work'), '--cfg-options'] + [f'{k}={v}' for k, v in opts.items()],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = run_python([osp.join(ROOT, 'tools/test.py'), path, ckpt, '--work-dir', tmp_path / 'work', '--cfg-options',
+                    *[f'{k}={v}' for k, v in opts.items()]], cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'bbox_mAP' in out.stdout + out.stderr
     dumped = glob.glob(str(tmp_path / 'work' / '**' / '*.py'), recursive=True)  # the run's config

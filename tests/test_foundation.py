@@ -14,6 +14,7 @@ from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
 from tool_output import own_stderr
+from tool_process import run_python
 from torch_versions import SAFE_GLOBALS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,8 +173,7 @@ def test_tools_fail_clearly_outside_the_environment(tmp_path):
 ])
 def test_tools_report_bad_config_in_one_line(tool, args, tmp_path):
     """A missing config or checkpoint: exit 2, one `aa_det:` line naming it, no traceback."""
-    out = subprocess.run([sys.executable, os.path.join(ROOT, 'tools', tool), *args, '--work-dir', str(tmp_path)],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = run_python([os.path.join(ROOT, 'tools', tool), *args, '--work-dir', tmp_path], cwd=ROOT)
     assert out.returncode == 2, out.stderr[-2000:]
     assert 'Traceback' not in out.stderr, out.stderr[-2000:]
     own = own_stderr(out.stderr)

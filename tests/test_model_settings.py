@@ -4,8 +4,6 @@ build_runner and tools/train.py."""
 import json
 import os
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ from aa_det.engine.checks import check_model_config, coco_category_names
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_process import run_python
 
 TINY_AA = dict(type='AAResNet', base_channels=8, attention=dict(num_heads=2, min_key_dim_per_head=2))
 WS_GN = dict(conv_cfg=dict(type='ConvWS'), norm_cfg=dict(type='GN', num_groups=2, requires_grad=True))
@@ -377,9 +376,9 @@ def test_backbone_settings_refused_before_the_runner(tiny_shapes):
 
 def test_train_tool_prints_one_line(tiny_shapes, tmp_path):
     options = demo_options(tiny_shapes, **{'model.bbox_head.num_classes': 2})
-    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', str(tmp_path),
-                          '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
-                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    out = run_python([osp.join(ROOT, 'tools/train.py'), DEMO, '--work-dir', tmp_path,
+                    '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
+                   cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1].startswith('aa_det: model.bbox_head.num_classes=2 but ')
 

@@ -2,8 +2,6 @@
 import json
 import os
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from aa_det.datasets import CLASSES, generate_shapes_coco
 from aa_det.engine import load_config
 
 from demo_config import DEMO, ROOT
+from tool_process import run_python
 
 PLOT = osp.join(ROOT, 'tools/analysis_tools/plot_curves.py')
 VIS = osp.join(ROOT, 'demo/vis_detections.py')
@@ -20,7 +19,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 
 def run(*args):
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=ENV)
+    return run_python(args, env=ENV)
 
 
 def fails_clearly(out, *names):

@@ -6,8 +6,6 @@ import math
 import os
 import os.path as osp
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from aa_det.engine import ConfigError, build_runner, check_coco_annotation, load
 from aa_det.utils.compat import autocast_dtype
 
 from demo_config import DEMO, ROOT, demo_options
+from tool_process import run_python
 
 TRAIN = osp.join(ROOT, 'tools/train.py')
 ENV = dict(os.environ, OMP_NUM_THREADS='1')  # as the other tool tests: no thread oversubscription
@@ -26,10 +25,10 @@ ONE_EPOCH = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
 
 
 def run_tool(*args, options=None):
-    cmd = [sys.executable, *map(str, args)]
+    cmd = list(args)
     if options:
         cmd += ['--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
-    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT)
+    return run_python(cmd, env=ENV, cwd=ROOT)
 
 
 def train_losses(log):

@@ -230,8 +230,8 @@ def test_column_kernel_with_content_product_is_both_branches(chunk_elems):
 @CPU_FP16_AUTOCAST
 def test_cuda_policy_gsa_casts_once_in_and_once_out_under_fp16_autocast():
     """Under fp16 autocast GSA computes in bf16 (``compute_dtype``): its activations change dtype once
-    forward (the qkv output to bf16) and once backward (that gradient back to fp16), whatever the
-    number of operand copies, products and softmaxes in between (parameters' casts aside)."""
+    forward (the input to bf16, for the qkv conv) and once backward (its gradient back to fp16), whatever
+    the number of operand copies, products and softmaxes in between (parameters' casts aside)."""
     module = GlobalSelfAttention2d(16, 16, num_heads=4).train()
     x = torch.randn(2, 16, 9, 11).half().requires_grad_()
 
@@ -258,5 +258,5 @@ def test_cuda_policy_gsa_casts_once_in_and_once_out_under_fp16_autocast():
             loss.backward()
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert forward.casts == [(torch.float16, torch.bfloat16)], forward.casts
-    # the loss's float32 gradient into the output's bf16, and the qkv output's gradient back to fp16
+    # the loss's float32 gradient into the output's bf16, and the input's gradient back to fp16
     assert backward.casts == [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)], backward.casts

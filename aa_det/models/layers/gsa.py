@@ -25,6 +25,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from ...utils.compat import autocast_dtype
 from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
 from .offset_range import TrainedOffsetRange
 from .relative_position import init_relative_table, relative_embeddings, relative_index
@@ -392,9 +393,14 @@ class GlobalSelfAttention2d(BaseModule):
 
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
-        qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
-        dtype = compute_dtype(qkv.dtype, kernel_device(qkv.device.type))
-        qkv = qkv.to(dtype)  # float16 -> bfloat16 once (its gradient back once), for every product and softmax
+        device = kernel_device(x.device.type)
+        if autocast_dtype(x.device.type) == torch.float16 and compute_dtype(torch.float16, device) == torch.bfloat16:
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):  # one cast of x, not of the 3x wider qkv
+                qkv = self.qkv(x)  # [B, 2 dk + dv, H, W] in bfloat16 (its gradient back to float16 once, as x's)
+        else:
+            qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
+        dtype = compute_dtype(qkv.dtype, device)
+        qkv = qkv.to(dtype)  # float16 -> float32 where the GPU has no bfloat16, for every product and softmax
         args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels), dtype,
                 tuple(self.operands.values()))
         ops = dict(zip(self.operands, gsa_operands(*args)))

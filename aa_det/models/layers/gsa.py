@@ -14,6 +14,7 @@ Example:
     torch.Size([2, 64, 5, 7])
 """
 import numbers
+from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import torch
@@ -394,10 +395,9 @@ class GlobalSelfAttention2d(BaseModule):
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
         device = kernel_device(x.device.type)
-        if autocast_dtype(x.device.type) == torch.float16 and compute_dtype(torch.float16, device) == torch.bfloat16:
-            with torch.autocast(x.device.type, dtype=torch.bfloat16):  # one cast of x, not of the 3x wider qkv
-                qkv = self.qkv(x)  # [B, 2 dk + dv, H, W] in bfloat16 (its gradient back to float16 once, as x's)
-        else:
+        # fp16 autocast: the qkv conv in bf16 already, so x is cast once (its gradient back once), not the 3x wider qkv
+        bf16 = autocast_dtype(x.device.type) == torch.float16 and compute_dtype(torch.float16, device) == torch.bfloat16
+        with torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
             qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
         dtype = compute_dtype(qkv.dtype, device)
         qkv = qkv.to(dtype)  # float16 -> float32 where the GPU has no bfloat16, for every product and softmax

@@ -194,6 +194,18 @@ def test_build_tools_are_checked_only_when_mmcv_must_be_built(sandbox):
     assert 'checking torch' in out.stderr and CXX_STD not in out.stderr
 
 
+def test_too_little_disk_for_torch_is_one_line_before_any_download(sandbox):
+    """Pins of another torch (a download of several GB) and 3 GiB free: exit 2 naming the venv and both sizes."""
+    other = sandbox.tmp / 'constraints-other.txt'
+    other.write_text(f'torch==0.0.1\nmmcv=={MMCV_VER}\n')
+    _write_exe(sandbox.bin / 'df', """#!/bin/sh
+echo "Filesystem 1024-blocks Used Available Capacity Mounted on"
+echo "/dev/fake 100000000 96854528 3145728 97% /"
+""")
+    out = sandbox.run(AA_DET_FLAVOR='cpu', AA_DET_CONSTRAINTS=str(other))
+    one_setup_line(out, 'disk space', '8 GiB', '3 GiB free', str(sandbox.venv), 'AA_DET_VENV')
+
+
 def test_cache_dir_and_stamp_carry_flavour_and_arch(sandbox):
     """The cuda wheel cache is per GPU architecture; the venv stamp is per flavour and architecture."""
     release = other_cuda_major()

@@ -149,6 +149,15 @@ check_build_tools() {
     die "C++ compiler '$cxx' (\$CXX, default c++) is missing or does not accept -std=$CXX_STD, which building mmcv against torch ${TORCH_VER/#-/$TORCH_PIN} needs (Debian/Ubuntu: apt-get install g++; GCC 10 or newer for C++20)"
 }
 
+# At least $1 GiB free where the venv lives, or one line saying what is needed and where.
+check_free_disk() {
+  local free_kib
+  free_kib=$(df -Pk "$VENV" | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kib" ] && [ "$free_kib" -lt $(($1 * 1024 * 1024)) ]; then
+    die "not enough disk space for torch: about $1 GiB free needed on the disk of $VENV (AA_DET_VENV), $((free_kib / 1024 / 1024)) GiB free"
+  fi
+}
+
 wheel_dir() {  # [flavour]
   if [ "${1:-$FLAVOR}" = cuda ]; then
     echo "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_VER-$PY_TAG-cuda-arch$ARCH"
@@ -215,6 +224,8 @@ if [ "$TORCH_VER" != - ] && { [ -z "$TORCH_PIN" ] || [ "$TORCH_PIN" = "$TORCH_VE
 elif ! ls "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_PIN"*"-$PY_TAG-"*/mmcv-*.whl >/dev/null 2>&1; then
   check_build_tools
 fi
+# torch from PyPI is a CUDA build: about 6 GB in the venv, plus its download while it installs
+if [ "$TORCH_KEPT" = 0 ]; then check_free_disk 8; fi
 
 # ---- 3. torch -----------------------------------------------------------------------------------
 TORCH_ARGS=("${PIN[@]}" 'setuptools<82' wheel ninja torch torchvision)
@@ -225,7 +236,8 @@ if [ "$TORCH_KEPT" = 1 ]; then
   "${PIP[@]}" install "${TORCH_ARGS[@]}"
 else
   say "installing torch, torchvision and build tools (a few GB to download with torch's CUDA libraries)"
-  "${PIP_NOQ[@]}" install "${TORCH_ARGS[@]}"   # not -q: pip's progress bars show
+  # not -q: pip's progress bars show; --no-cache-dir: the GB of wheels leave the disk once installed
+  "${PIP_NOQ[@]}" install --no-cache-dir "${TORCH_ARGS[@]}"
 fi
 read_venv
 if [ "$TORCH_KEPT" = 0 ] || [ "$TORCH_VER" != "$BEFORE" ]; then plan_mmcv; fi

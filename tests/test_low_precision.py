@@ -5,6 +5,8 @@ The CPU tests drive the same functions the CUDA path runs (``attention_sdpa_fold
 inputs, GSA's kernels on fp16 inputs); the ``cuda`` tests repeat them through autocast on a GPU.
 Errors are relative Frobenius norms against float64 (single elements are rounding noise).
 """
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,19 +148,30 @@ def test_kernels_are_chosen_per_device_and_dtype():
 
 
 @cuda
+@pytest.mark.parametrize('backend', [None, 'EFFICIENT_ATTENTION', 'CUDNN_ATTENTION', 'MATH'])
 @pytest.mark.parametrize('dtype', LOW)
-def test_cuda_autocast_aa_attention_error_is_pytorchs_sdpa_error(dtype):
+def test_cuda_autocast_aa_attention_error_is_pytorchs_sdpa_error(dtype, backend):
     """Through relative_attention under CUDA autocast (the fused kernel on the autocast dtype),
-    output and gradients within 1.1x of PyTorch's SDPA with the same inputs, mask and dtype."""
+    output and gradients within 1.1x of PyTorch's SDPA with the same inputs, mask and dtype: each on the
+    SDPA kernel PyTorch picks for it (``backend`` None; ours has no mask and a value head dim of its own,
+    the reference a mask), or both on ``backend``'s kernel, like for like."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3; CUDA runs have 2.11
     inputs = aa_inputs(0)
     ref = _aa_run('ours', inputs, torch.float64)
     q, k, v, th, tw, gout = (t.cuda() for t in inputs)
     qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
     ths, tws = (t.float().requires_grad_() for t in (th, tw))
-    with torch.autocast('cuda', dtype=dtype):
-        out = relative_attention(qs, ks, vs, ths, tws, 12, 10)
-    ours = [t.cpu() for t in (out, *torch.autograd.grad((out.double() * gout).sum(), (qs, ks, vs, ths, tws)))]
-    torchs = _aa_run('torch', inputs, dtype, device='cuda')
+    with sdpa_kernel(getattr(SDPBackend, backend)) if backend else contextlib.nullcontext():
+        try:
+            with torch.autocast('cuda', dtype=dtype):
+                out = relative_attention(qs, ks, vs, ths, tws, 12, 10)
+            ours = [t.cpu() for t in (out, *torch.autograd.grad((out.double() * gout).sum(),
+                                                                (qs, ks, vs, ths, tws)))]
+            torchs = _aa_run('torch', inputs, dtype, device='cuda')
+        except RuntimeError as e:
+            if backend and ('No available kernel' in str(e) or 'No viable backend' in str(e)):
+                pytest.skip(f'{backend} runs not both: {str(e).splitlines()[0]}')
+            raise
     for name, a, b, r in zip(('out', 'dq', 'dk', 'dv', 'dtable_h', 'dtable_w'), ours, torchs, ref):
         assert rel_err(a, r) <= 1.1 * rel_err(b, r), (name, rel_err(a, r), rel_err(b, r))
 

@@ -5,7 +5,8 @@
 #      tables of three train steps per model;
 #   2. the CUDA tests (tests marked by their `cuda` skip: kernels, low precision, device policy);
 #   3. the same speed run under bf16 autocast, with its profiles;
-#   4. the backbone compiled (inductor), one model per process and time limit, GSA first.
+#   4. the backbone compiled (inductor), one model per process and time limit, GSA first;
+#   5. the same with CUDA graphs (torch.compile mode reduce-overhead), last: what time is left.
 # Results land in OUTDIR: device.txt, summary.txt, tests.log, speed_*.json / .log, profile[_bf16]/<model>.txt.
 #
 #   bash benchmarks/gpu_check.sh OUTDIR                  # on the GPU machine, after copying ../shared/gpu to .gpu
@@ -49,5 +50,10 @@ run speed_fp16_eager $PY "${SPEED[@]}" --models "${MODELS[@]}" --json "$OUT/spee
 for ((i = ${#MODELS[@]} - 1; i >= 0; i--)); do  # GSA, AA, then ResNet-50: the compiles in question first
   m=${MODELS[i]}
   run "speed_fp16_compiled_${m}" $PY "${SPEED[@]}" --models "$m" --compile --json "$OUT/speed_fp16_compiled_${m}.json"
+done
+for ((i = ${#MODELS[@]} - 1; i >= 0; i--)); do  # then CUDA graphs over the compiled backbone: the step is launch-bound
+  m=${MODELS[i]}
+  run "speed_fp16_cudagraphs_${m}" $PY "${SPEED[@]}" --models "$m" --compile reduce-overhead \
+    --json "$OUT/speed_fp16_cudagraphs_${m}.json"
 done
 cat "$OUT"/speed_*.log

@@ -178,6 +178,32 @@ def test_cuda_policy_kernel_launches_do_not_grow_with_batch_or_size(layer):
     assert counts[0] == counts[1], counts
 
 
+def test_aa_layer_casts_its_conv_parameters_in_one_op_each_way_under_autocast(monkeypatch):
+    """Under bf16 autocast an AA layer casts the weights and biases of ``qkv``, ``proj`` and its convolutional part
+    in one op, and their gradients back in one (``cast_together``): 10 casts become 2 casts and 2 concatenations,
+    with the same outputs and gradients, bit for bit."""
+    torch.manual_seed(0)
+    conv = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4)
+    x = torch.randn(2, 16, 8, 8).bfloat16()
+
+    def run():
+        ops = _Ops()
+        with force_policy('cuda'), ops:
+            with torch.autocast('cpu', dtype=torch.bfloat16):
+                out = conv(x)
+            grads = torch.autograd.grad(out.float().sum(), list(conv.parameters()))
+        return out, grads, ops.count
+
+    together = run()
+    monkeypatch.setattr(AAConv2d, 'conv_params', lambda self, device_type: {  # autocast casts each tensor itself
+        name: (getattr(self, name).weight, getattr(self, name).bias) for name in ('qkv', 'proj', 'conv')})
+    per_tensor = run()
+    assert together[2] == per_tensor[2] - 6, (together[2], per_tensor[2])
+    assert torch.equal(together[0], per_tensor[0])
+    for a, b in zip(together[1], per_tensor[1]):
+        assert torch.equal(a, b)
+
+
 def test_cpu_policy_is_unchanged_by_the_switch():
     """Production on the CPU: the blocked kernel in float32 and cache-sized axial chunks."""
     assert choose_impl(kernel_device('cpu'), 10 ** 12, torch.bfloat16) == 'blocked'

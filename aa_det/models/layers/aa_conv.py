@@ -23,7 +23,8 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from .kernel_policy import graph_mode
+from ...utils.compat import autocast_dtype
+from .kernel_policy import cast_together, graph_mode
 from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_attention import IMPLS, relative_attention
@@ -192,33 +193,53 @@ class AAConv2d(BaseModule):
             x = coord_channels(x)
         return x
 
-    def qkv_heads(self, x: Tensor):
+    def conv_params(self, device_type: str) -> dict:
+        """Weight and bias of ``qkv``, ``proj`` and the convolutional part (an ``nn.Conv2d``) as this pass uses them,
+        by name: under autocast cast in one op, and their gradients back in one (:func:`cast_together`), else the
+        parameters themselves."""
+        convs = {name: conv for name, conv in (('qkv', self.qkv), ('proj', self.proj), ('conv', self.conv))
+                 if type(conv) is nn.Conv2d}  # noqa: E721  (a subclass may change its weight in forward)
+        params = {(name, kind): p for name, conv in convs.items()
+                  for kind, p in (('weight', conv.weight), ('bias', conv.bias)) if p is not None}
+        amp = autocast_dtype(device_type)
+        if amp is not None and amp != self.qkv.weight.dtype:
+            params = dict(zip(params, cast_together(list(params.values()), amp)))
+        return {name: (params[name, 'weight'], params.get((name, 'bias'))) for name in convs}
+
+    def qkv_heads(self, x: Tensor, params: Optional[tuple] = None):
         """Queries, keys and values per head from the attention input; the logits' factor
         ``dkh ** -0.5`` is ``self.scale``, applied by the kernel.
+
+        Args:
+            x (Tensor): the attention input, ``[B, C, h, w]``.
+            params (tuple, optional): ``qkv``'s weight and bias as :meth:`conv_params` gives them.
+                Defaults to the parameters.
 
         Returns:
             tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
         """
         h, w = x.shape[-2:]
         sizes = (self.key_channels, self.key_channels, self.value_channels)
-        qkv = self.qkv(x)  # [B, 2 dk + dv, h, w]: k, q, v
+        qkv = self.qkv._conv_forward(x, *(params or (self.qkv.weight, self.qkv.bias)))  # [B, 2 dk + dv, h, w]: k, q, v
         k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
         return q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
-        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x))
+        params = self.conv_params(x.device.type)
+        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x), params['qkv'])
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.scale)  # [B, Nh, hw, dvh]
-        attn = self._project(attn, h, w)  # [B, dv, h, w]
+        attn = self._project(attn, h, w, *params['proj'])  # [B, dv, h, w]
         if (h, w) != out_size:
             attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
         if self.conv is None:
             return attn
-        return torch.cat([self.conv(x), attn], dim=1)  # [B, F_out, H / s, W / s]
+        conv = self.conv._conv_forward(x, *params['conv']) if 'conv' in params else self.conv(x)
+        return torch.cat([conv, attn], dim=1)  # [B, F_out, H / s, W / s]
 
-    def _project(self, attn: Tensor, h: int, w: int) -> Tensor:
-        """``W^O`` (``proj``, a 1x1 conv) on the heads' outputs ``[B, Nh, hw, dvh]``.
+    def _project(self, attn: Tensor, h: int, w: int, weight: Tensor, bias: Tensor) -> Tensor:
+        """``W^O`` (``proj``, a 1x1 conv of ``weight`` and ``bias``) on the heads' outputs ``[B, Nh, hw, dvh]``.
 
         In a captured graph, one GEMM: the conv's saved reshaped view has strides inductor cannot order with
         dynamic shapes (torch 2.14.1; docs/design.md, "Compiling and exporting").
@@ -227,7 +248,8 @@ class AAConv2d(BaseModule):
             Tensor: ``[B, dv, h, w]``.
         """
         if graph_mode():
-            weight = self.proj.weight.view(self.value_channels, self.num_heads, -1)  # [dv, Nh, dvh]
+            weight = weight.view(self.value_channels, self.num_heads, -1)  # [dv, Nh, dvh]
             out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
-            return out.unflatten(-1, (h, w)) + self.proj.bias.to(out.dtype).view(-1, 1, 1)  # autocast's dtype, as the conv's
-        return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
+            return out.unflatten(-1, (h, w)) + bias.to(out.dtype).view(-1, 1, 1)  # autocast's dtype, as the conv's
+        return self.proj._conv_forward(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w),
+                                       weight, bias)

@@ -198,7 +198,7 @@ class AAConv2d(BaseModule):
         by name: under autocast cast in one op, and their gradients back in one (:func:`cast_together`), else the
         parameters themselves."""
         convs = {name: conv for name, conv in (('qkv', self.qkv), ('proj', self.proj), ('conv', self.conv))
-                 if type(conv) is nn.Conv2d}  # noqa: E721  (a subclass may change its weight in forward)
+                 if type(conv) is nn.Conv2d}  # not a subclass: one may change its weight in forward (ConvWS)
         params = {(name, kind): p for name, conv in convs.items()
                   for kind, p in (('weight', conv.weight), ('bias', conv.bias)) if p is not None}
         amp = autocast_dtype(device_type)

@@ -94,7 +94,7 @@ def test_cuda_policy_runs_the_fused_aa_kernel_on_the_autocast_dtype(dtype, monke
 def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
     """Relative logits ~1e5-1e6 (past float16's 65504) under fp16 autocast and the CUDA policy:
     folded through the power-of-two scale, output and gradients finite and equal to the float32
-    kernel on the same float16-rounded q, k, v."""
+    kernel on the same float16 q, k, v and the relative logits float16 holds, unfolded."""
     H, W = 12, 10
     q, k, v, th, tw, gout = aa_inputs(0)
     th, tw = th * 3e4, tw * 3e4
@@ -104,12 +104,11 @@ def test_cuda_policy_fp16_fold_scale_keeps_large_relative_logits_finite():
         out = ra.relative_attention(qs, ks, vs, ths, tws, H, W)
     grads = torch.autograd.grad((out.float() * gout.float()).sum(), (qs, ks, vs, ths, tws))
     assert all(torch.isfinite(t).all() for t in (out, *grads))
-    q16, k16, v16 = (t.detach().float() for t in (qs, ks, vs))
-    rel_h, rel_w = ra.relative_logits(q16.view(2, 4, H, W, -1), th.float(), tw.float())
-    scale = ra._fp16_fold_scale(torch.cat([rel_h, rel_w], -1))
+    folded, scale = ra.folded_queries(qs.detach(), ths.detach(), tws.detach(), H, W, 0, torch.float16)
     assert scale > 1
-    rel_h, rel_w = ((t / scale).half().float() * scale for t in (rel_h, rel_w))  # what float16 holds
-    expected = ra.attention_materialized(q16, k16, v16, rel_h, rel_w, H, W)
+    rel = folded[..., 20:].float() * scale  # the relative logits float16 holds, unfolded: [B, Nh, HW, H + W]
+    q16, k16, v16 = (t.detach().float() for t in (qs, ks, vs))
+    expected = ra.attention_materialized(q16, k16, v16, rel[..., :H], rel[..., H:], H, W)
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
 
 

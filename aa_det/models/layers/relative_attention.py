@@ -178,8 +178,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
         q, k, v, H, W: as :func:`attention_materialized`; ``q`` unscaled when ``scale`` is given.
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings (float32 under AMP), or None.
         dtype (torch.dtype, optional): the fused kernel's dtype; defaults to ``q``'s. With float16 the
-            relative logits are computed in float32 and folded as ``rel / s`` against one-hot columns of
-            ``s`` (:func:`_fp16_fold_scale`).
+            relative logits are folded as ``rel / s`` against one-hot columns of ``s`` (:func:`_fp16_fold_scale`).
         scale (float): every logit's factor, applied inside the fused kernel. Defaults to 1.0.
 
     Returns:
@@ -198,11 +197,8 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
         if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
             pad += 8
         columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
-        gemm_dtype = torch.float32 if dtype == torch.float16 else dtype  # float16 holds no logit past 65504
-        q = folded_queries(q, table_h, table_w, H, W, pad, gemm_dtype)  # [B, Nh, HW, d + H + W + pad]
-        if dtype == torch.float16:
-            fold = _fp16_fold_scale(q[..., d:])
-            q = q.div(torch.where(size_constant(_relative_columns, d, q.shape[-1], q.device), fold, 1.0)).to(dtype)
+        q, fold = folded_queries(q, table_h, table_w, H, W, pad, dtype)  # [B, Nh, HW, d + H + W + pad]
+        if fold is not None:
             columns = columns * fold.to(dtype)
         k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
@@ -221,17 +217,21 @@ def folded_queries(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int, 
         q (Tensor): ``[B, Nh, HW, d]`` (any layout).
         table_h, table_w (Tensor): ``[2M - 1, d]``.
         H, W (int): the map; pad (int): zero columns after the relative logits.
-        dtype (torch.dtype): the GEMM's (``q`` and the tables are cast to it).
+        dtype (torch.dtype): the GEMM's (``q`` and the tables are cast to it). In float16 the tables are divided
+            by :func:`_fp16_fold_scale`'s ``s`` first: the relative logits come as ``rel / s``, in float16's range.
 
     Returns:
-        Tensor: ``[B, Nh, HW, d + H + W + pad]`` in ``dtype``.
+        tuple[Tensor, Tensor | None]: ``[B, Nh, HW, d + H + W + pad]`` in ``dtype``, and ``s`` (0-d) or None.
     """
     B, Nh, N, d = q.shape
     weight = torch.cat([size_constant(eye, d, d, table_h.dtype, q.device), table_h, table_w,
-                        size_constant(torch.zeros, 1, d, dtype=table_h.dtype, device=q.device)]).to(dtype)  # [C, d]
-    products = F.linear(packed(q, dtype), weight)  # [B, Nh, HW, C]
+                        size_constant(torch.zeros, 1, d, dtype=table_h.dtype, device=q.device)])  # [C, d]
+    fold = _fp16_fold_scale(q, weight) if dtype == torch.float16 else None
+    if fold is not None:
+        weight = weight / torch.where(size_constant(_relative_rows, d, weight.shape[0], q.device), fold, 1.0)
+    products = F.linear(packed(q, dtype), weight.to(dtype))  # [B, Nh, HW, C]
     index = size_constant(_fold_index, H, W, d, table_h.shape[0], table_w.shape[0], pad, q.device)  # [HW, D]
-    return products.gather(-1, index.expand(B, Nh, N, -1))
+    return products.gather(-1, index.expand(B, Nh, N, -1)), fold
 
 
 def _pad_last(t: Tensor) -> Tensor:
@@ -255,9 +255,9 @@ def _fold_index(H: int, W: int, d: int, rows_h: int, rows_w: int, pad: int, devi
     return torch.cat([own, ih, iw, zero], -1).view(H * W, -1)
 
 
-def _relative_columns(d: int, columns: int, device) -> Tensor:
-    """``[columns]`` bool: the folded query's columns after its own ``d``."""
-    return torch.arange(columns, device=device) >= d
+def _relative_rows(d: int, rows: int, device) -> Tensor:
+    """``[rows, 1]`` bool: :func:`folded_queries`' weight rows after the identity's ``d``."""
+    return (torch.arange(rows, device=device) >= d)[:, None]
 
 
 def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tensor:
@@ -268,10 +268,13 @@ def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tenso
     return torch.cat([one_h, one_w], dim=-1)
 
 
-def _fp16_fold_scale(rel: Tensor) -> Tensor:
-    """The power of two ``s`` in ``[1, 2^15]`` with ``max |rel| / s <= 2^14``, as a 0-d tensor."""
-    amax = rel.detach().abs().amax().float()
-    return torch.exp2(torch.log2(amax / 2 ** 14).ceil().clamp(0, 15))
+def _fp16_fold_scale(q: Tensor, weight: Tensor) -> Tensor:
+    """The power of two ``s`` in ``[1, 2^15]`` with ``|q_i . w_c| / s <= 2^14`` and ``|w| / s <= 2^14`` for every query
+    and weight row, from the bound ``max(d max |q|, 1) max |w|`` (no logit computed first), as a 0-d tensor."""
+    q_max = torch.linalg.vector_norm(q.detach(), float('inf'), dtype=torch.float32)
+    w_max = torch.linalg.vector_norm(weight.detach(), float('inf'))
+    bound = (q_max * (q.shape[-1] / 2 ** 14)).clamp(min=2 ** -14) * w_max  # that bound / 2^14
+    return torch.exp2(torch.frexp(bound).exponent.clamp(0, 15))  # bound < 2^exponent
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],

@@ -271,7 +271,7 @@ def _fold_columns(H: int, W: int, pad: int, dtype: torch.dtype, device) -> Tenso
 def _fp16_fold_scale(q: Tensor, weight: Tensor) -> Tensor:
     """The power of two ``s`` in ``[1, 2^15]`` with ``|q_i . w_c| / s <= 2^14`` and ``|w| / s <= 2^14`` for every query
     and weight row, from the bound ``max(d max |q|, 1) max |w|`` (no logit computed first), as a 0-d tensor."""
-    q_max = torch.linalg.vector_norm(q.detach(), float('inf'), dtype=torch.float32)
+    q_max = torch.linalg.vector_norm(q.detach(), float('inf'), dtype=torch.promote_types(q.dtype, torch.float32))
     w_max = torch.linalg.vector_norm(weight.detach(), float('inf'))
     bound = (q_max * (q.shape[-1] / 2 ** 14)).clamp(min=2 ** -14) * w_max  # that bound / 2^14
     return torch.exp2(torch.frexp(bound).exponent.clamp(0, 15))  # bound < 2^exponent

@@ -74,6 +74,8 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range(q_scale, table_scale
     assert scale > 1
     rel = folded[..., 20:].float() * scale  # [B, Nh, HW, H + W]
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
+    exact = torch.cat(relative_logits(q16.view(2, 4, 12, 10, 20), th.float(), tw.float()), -1)
+    torch.testing.assert_close(rel, exact, rtol=0, atol=2e-3 * exact.abs().max().item())  # float16's rounding
     expected = attention_materialized(q16, k16, v16, rel[..., :12], rel[..., 12:], 12, 10)
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
 

@@ -55,6 +55,27 @@ def test_blocked_path_never_materialises_full_logits(monkeypatch):
     assert max(seen) <= bound < 2 * 3 * 99 * 99
 
 
+def test_folded_path_keeps_only_the_folded_queries_for_the_backward(monkeypatch):
+    """The folded kernel's gather saves its input's size, not its input (``q`` times every table row:
+    ``d + 2 (2M - 1) + 1`` columns, several times the folded queries'), so the products are freed after the
+    forward; the gradients stay eq. (3)'s (``test_kernels_match_loop_reference``)."""
+    import weakref
+
+    from aa_det.models.layers import relative_attention as ra
+    q, k, v, th, tw = _inputs(H=9, W=11, max_dist=12)
+    products, real_gather = [], ra._gather
+
+    def spy(t, index):
+        products.append(weakref.ref(t))
+        return real_gather(t, index)
+
+    monkeypatch.setattr(ra, '_gather', spy)
+    out = ra.relative_attention(q, k, v, th, tw, 9, 11, impl='sdpa')
+    assert products and products[0]() is None  # freed while the output, and its graph, live
+    out.sum().backward()
+    assert all(t.grad is not None for t in (q, k, v, th, tw))
+
+
 def test_blocked_path_without_position_encoding_matches_reference():
     q, k, v, _, _ = _inputs(H=4, W=6)
     outs = [attention_reference(q, k, v, None, None, 4, 6),

@@ -14,6 +14,7 @@ with ``q`` scaled by ``dkh ** -0.5``. Per query the relative terms are tables of
 * :func:`attention_blocked`: query blocks, flash-style, memory linear in HW; the CPU's kernel.
 * :func:`attention_sdpa_folded`: relative logits folded into fused dot-product attention; CUDA's.
 """
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -231,7 +232,20 @@ def folded_queries(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int, 
         weight = weight / torch.where(size_constant(_relative_rows, d, weight.shape[0], q.device), fold, 1.0)
     products = F.linear(packed(q, dtype), weight.to(dtype))  # [B, Nh, HW, C]
     index = size_constant(_fold_index, H, W, d, table_h.shape[0], table_w.shape[0], pad, q.device)  # [HW, D]
-    return products.gather(-1, index.expand(B, Nh, N, -1)), fold
+    return _gather(products, index.expand(B, Nh, N, -1)), fold
+
+
+def _gather(t: Tensor, index: Tensor) -> Tensor:
+    """``t.gather(-1, index)`` whose backward holds ``t``'s size, not ``t``: autograd saves a gather's whole input
+    for its size, here :func:`folded_queries`' products, several times the folded queries' size."""
+    if graph_mode() or not t.requires_grad:  # a captured graph saves only what its backward reads
+        return t.gather(-1, index)
+    input_ref = weakref.ref(t)  # the saved hooks live as long as the backward: they hold no reference to t
+    with torch.autograd.graph.saved_tensors_hooks(
+            lambda saved: (saved.shape, saved.dtype, saved.device) if saved is input_ref() else saved,
+            lambda packed: torch.empty((), dtype=packed[1], device=packed[2]).expand(packed[0])
+            if isinstance(packed, tuple) else packed):
+        return t.gather(-1, index)
 
 
 def _pad_last(t: Tensor) -> Tensor:

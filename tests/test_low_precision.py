@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention, row_attention
+from aa_det.models.layers.gsa import column_attention, content_attention, row_attention
+from aa_det.models.layers.kernel_policy import compute_dtype
 from aa_det.models.layers.relative_attention import (_add_relative, attention_materialized, attention_sdpa_folded,
                                                      choose_impl, kernel_dtype,
                                                      relative_attention, relative_logits)

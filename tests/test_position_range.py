@@ -6,7 +6,7 @@ import torch
 
 from aa_det.models.backbones import AAResNet, GSAResNet
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.offset_range import TrainedOffsetRange
+from aa_det.models.layers.relative_position import TrainedOffsetRange
 
 BACKBONES = {
     'AAResNet': lambda: AAResNet(depth=18, base_channels=16,

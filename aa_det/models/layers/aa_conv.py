@@ -25,10 +25,9 @@ from torch import Tensor
 
 from ...utils.compat import autocast_dtype
 from .kernel_policy import cast_together, graph_mode
-from .offset_range import TrainedOffsetRange
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_attention import IMPLS, relative_attention
-from .relative_position import init_relative_table
+from .relative_position import TrainedOffsetRange, init_relative_table
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
 
@@ -119,14 +118,10 @@ class AAConv2d(BaseModule):
                              f'dv={dv} (a multiple of num_heads={num_heads}), which leaves no convolutional '
                              f'channels; use more out_channels or fewer heads, or value_ratio=1.0 for a '
                              f'fully attentional layer')
-        if position not in POSITION_ENCODINGS:
-            raise ValueError(f'AAConv2d: position must be one of {POSITION_ENCODINGS}, got {position!r}')
-        if stride not in (1, 2):
-            raise ValueError(f'AAConv2d: stride must be 1 or 2, got {stride}')
-        if groups != 1:
-            raise ValueError(f'AAConv2d: groups must be 1, got {groups}')
-        if impl not in IMPLS:
-            raise ValueError(f'AAConv2d: impl must be one of {IMPLS}, got {impl!r}')
+        for name, value, allowed in (('position', position, POSITION_ENCODINGS), ('stride', stride, (1, 2)),
+                                     ('groups', groups, (1,)), ('impl', impl, IMPLS)):
+            if value not in allowed:
+                raise ValueError(f'AAConv2d: {name} must be one of {allowed}, got {value!r}')
         if kernel_size % 2 != 1:
             raise ValueError(f'AAConv2d: kernel_size must be odd, got {kernel_size}')
         same = dilation * (kernel_size - 1) // 2

@@ -28,22 +28,24 @@ from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype
 from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
-from .offset_range import TrainedOffsetRange
-from .relative_position import init_relative_table, relative_embeddings, relative_index
+from .relative_position import TrainedOffsetRange, init_relative_table, relative_embeddings, relative_index
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'axial_queries', 'gsa_operands',
-           'column_attention', 'row_attention', 'axial_embeddings', 'compute_dtype', 'GSA_COMPONENTS',
-           'AXIAL_SCALES']
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'gsa_operands', 'column_attention',
+           'row_attention', 'axial_embeddings', 'GSA_COMPONENTS', 'AXIAL_SCALES']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
+#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
+#: ``q`` of column / content and of row attention, ``v`` of content, column and (without a column branch) row.
+AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
+CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
 
     The softmax in float32 (or float64), the products in :func:`compute_dtype`; ``q`` in
-    :func:`axial_queries`'s layout, shared with column attention.
+    the layout of :data:`AXIAL_Q`, shared with column attention.
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
@@ -54,7 +56,7 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     B, Nh, dk, H, W = q.shape
     dtype = compute_dtype(v.dtype, kernel_device(v.device.type))
     with torch.autocast(v.device.type, enabled=False):
-        qc = axial_queries(q, dtype).view(H, -1, dk)  # [H, (W, B, Nh), dkh]
+        qc = packed(q.permute(AXIAL_Q), dtype).view(H, -1, dk)  # [H, (W, B, Nh), dkh]: one copy at most
         return _content_product(qc, content_context(k, v, dtype)).view(B, Nh, -1, H, W)
 
 
@@ -78,7 +80,7 @@ def content_context(k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _content_queries(qc: Tensor, heads: int) -> Tensor:
-    """``[B * Nh, dkh, HW]`` strided view of :func:`axial_queries`' ``[H, (W, B, Nh), dkh]``
+    """``[B * Nh, dkh, HW]`` strided view of ``q`` laid out as :data:`AXIAL_Q`, ``[H, (W, B, Nh), dkh]``
     (``heads`` = ``B * Nh``): what content attention's GEMMs read, without a copy."""
     return qc.view(-1, heads, qc.shape[-1]).permute(1, 2, 0)
 
@@ -86,22 +88,6 @@ def _content_queries(qc: Tensor, heads: int) -> Tensor:
 def _content_product(qc: Tensor, context: Tensor) -> Tensor:
     """Content attention's output ``context^T q``: ``[B * Nh, dvh, HW]``."""
     return torch.bmm(context.transpose(1, 2), _content_queries(qc, context.shape[0]))
-
-
-def axial_queries(q: Tensor, dtype: torch.dtype) -> Tensor:
-    """``q`` in ``dtype``, laid out ``[H, W, B, Nh, dkh]`` for column and content attention's GEMMs
-    (one copy, none when ``q`` is laid out so already).
-
-    Returns:
-        Tensor: ``[H, W, B, Nh, dkh]``, contiguous.
-    """
-    return packed(q.permute(3, 4, 0, 1, 2), dtype)
-
-
-#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
-#: ``q`` of column / content and of row attention, ``v`` of content, column and (without a column branch) row.
-AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
-CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
 
 
 def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch.dtype,
@@ -161,29 +147,26 @@ class _AxialRelativeAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out, grad_content=None):
         with torch.autocast(grad_out.device.type, enabled=False):  # the forward's dtype
-            return _AxialRelativeAttention._backward(ctx, grad_out, grad_content)
-
-    @staticmethod
-    def _backward(ctx, grad_out, grad_content):
-        q, v, emb, context = ctx.saved_tensors
-        G, chunk = v.shape[0], ctx.chunk
-        dqs, dvs, demb = [], [], None
-        for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
-            qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, s:s + chunk], v[s:s + chunk], grad_out[s:s + chunk])
-            logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
-            dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
-            dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
-            dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
-            demb_chunk = torch.bmm(dlogits.transpose(1, 2), qs).transpose(1, 2)  # [L (x), dk, L (i)], emb's layout
-            demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
-        dq, dv = (dqs[0], dvs[0]) if len(dqs) == 1 else (torch.cat(dqs, 1), torch.cat(dvs))
-        dcontext = None
-        if context is not None:  # content attention: context^T q
-            heads = context.shape[0]
-            dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
-            dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
-            dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
-        return dq, dv, demb, None, dcontext
+            q, v, emb, context = ctx.saved_tensors
+            G, chunk = v.shape[0], ctx.chunk
+            dqs, dvs, demb = [], [], None
+            for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
+                sl = slice(s, s + chunk)
+                qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, sl], v[sl], grad_out[sl])
+                logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
+                dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
+                dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
+                dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
+                demb_chunk = torch.bmm(dlogits.transpose(1, 2), qs).transpose(1, 2)  # [L (x), dk, L (i)], emb's layout
+                demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
+            dq, dv = (dqs[0], dvs[0]) if len(dqs) == 1 else (torch.cat(dqs, 1), torch.cat(dvs))
+            dcontext = None
+            if context is not None:  # content attention: context^T q
+                heads = context.shape[0]
+                dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
+                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
+                dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
+            return dq, dv, demb, None, dcontext
 
 
 def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
@@ -214,7 +197,7 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
     G = B * Nh * W
     chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
-        qc = axial_queries(q, dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
+        qc = packed(q.permute(AXIAL_Q), dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
         vc = packed(v.permute(4, 0, 1, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
         if embeddings is None:
             embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
@@ -302,10 +285,9 @@ class GlobalSelfAttention2d(BaseModule):
         if not components or any(c not in GSA_COMPONENTS for c in components):
             raise ValueError(f'GlobalSelfAttention2d: components must be a non-empty subset of '
                              f'{GSA_COMPONENTS}, got {components}')
-        if axial_scale not in AXIAL_SCALES:
-            raise ValueError(f'GlobalSelfAttention2d: axial_scale must be one of {AXIAL_SCALES}, got {axial_scale!r}')
-        if stride not in (1, 2):
-            raise ValueError(f'GlobalSelfAttention2d: stride must be 1 or 2, got {stride}')
+        for name, value, allowed in (('axial_scale', axial_scale, AXIAL_SCALES), ('stride', stride, (1, 2))):
+            if value not in allowed:
+                raise ValueError(f'GlobalSelfAttention2d: {name} must be one of {allowed}, got {value!r}')
         for name, value, neutral in (('dilation', dilation, 1), ('groups', groups, 1), ('bias', bias, False)):
             if value != neutral:
                 raise ValueError(f'GlobalSelfAttention2d: {name}={value!r} is not supported (global attention has '

@@ -58,10 +58,8 @@ def force_policy(name: Optional[str]):
         _forced = previous
 
 
-def graph_mode() -> bool:
-    """True while a graph is captured (compile, export, trace): kernels without
-    size-dependent Python loops."""
-    return is_capturing_graph()
+#: True while a graph is captured (compile, export, trace): kernels without size-dependent Python loops
+graph_mode = is_capturing_graph
 
 
 def size_constant(build: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:

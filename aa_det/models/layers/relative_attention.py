@@ -120,32 +120,28 @@ class _BlockedAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         with torch.autocast(grad_out.device.type, enabled=False):  # float32, as the forward
-            return _BlockedAttention._backward(ctx, grad_out)
-
-    @staticmethod
-    def _backward(ctx, grad_out):
-        q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
-        H, W, rows = ctx.H, ctx.W, ctx.rows
-        B, Nh, N, _ = q.shape
-        delta = (grad_out * out).sum(-1)  # [B, Nh, HW]: rowsum(dO * O) = rowsum(P * dP)
-        dk = dv = None
-        dqs, d_rel_hs, d_rel_ws = [], [], []
-        for start in range(0, N, rows):
-            sl = slice(start, start + rows)
-            p, _ = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W, lse[:, :, sl])
-            dv_block = p.transpose(-1, -2) @ grad_out[:, :, sl]  # [B, Nh, HW, dv]
-            dv = dv_block if dv is None else dv.add_(dv_block)
-            ds = (grad_out[:, :, sl] @ v.transpose(-1, -2)).sub_(delta[:, :, sl, None]).mul_(p)  # [B, Nh, n, HW]
-            dqs.append(ds @ k)
-            dk_block = ds.transpose(-1, -2) @ q[:, :, sl]  # [B, Nh, HW, d]
-            dk = dk_block if dk is None else dk.add_(dk_block)
-            if rel_h is not None:
-                ds = ds.view(B, Nh, -1, H, W)
-                d_rel_hs.append(ds.sum(-1))  # [B, Nh, n, H]
-                d_rel_ws.append(ds.sum(-2))  # [B, Nh, n, W]
-        d_rel_h = torch.cat(d_rel_hs, 2) if rel_h is not None else None
-        d_rel_w = torch.cat(d_rel_ws, 2) if rel_w is not None else None
-        return torch.cat(dqs, 2), dk, dv, d_rel_h, d_rel_w, None, None, None
+            q, k, v, rel_h, rel_w, out, lse = ctx.saved_tensors
+            H, W, rows = ctx.H, ctx.W, ctx.rows
+            B, Nh, N, _ = q.shape
+            delta = (grad_out * out).sum(-1)  # [B, Nh, HW]: rowsum(dO * O) = rowsum(P * dP)
+            dk = dv = None
+            dqs, d_rel_hs, d_rel_ws = [], [], []
+            for start in range(0, N, rows):
+                sl = slice(start, start + rows)
+                p, _ = _block_probs(q[:, :, sl], k, _rows(rel_h, sl), _rows(rel_w, sl), H, W, lse[:, :, sl])
+                dv_block = p.transpose(-1, -2) @ grad_out[:, :, sl]  # [B, Nh, HW, dv]
+                dv = dv_block if dv is None else dv.add_(dv_block)
+                ds = (grad_out[:, :, sl] @ v.transpose(-1, -2)).sub_(delta[:, :, sl, None]).mul_(p)  # [B, Nh, n, HW]
+                dqs.append(ds @ k)
+                dk_block = ds.transpose(-1, -2) @ q[:, :, sl]  # [B, Nh, HW, d]
+                dk = dk_block if dk is None else dk.add_(dk_block)
+                if rel_h is not None:
+                    ds = ds.view(B, Nh, -1, H, W)
+                    d_rel_hs.append(ds.sum(-1))  # [B, Nh, n, H]
+                    d_rel_ws.append(ds.sum(-2))  # [B, Nh, n, W]
+            d_rel_h = torch.cat(d_rel_hs, 2) if rel_h is not None else None
+            d_rel_w = torch.cat(d_rel_ws, 2) if rel_w is not None else None
+            return torch.cat(dqs, 2), dk, dv, d_rel_h, d_rel_w, None, None, None
 
 
 def _rows(t: Optional[Tensor], sl: slice) -> Optional[Tensor]:

@@ -1,8 +1,11 @@
 """Relative positions shared by AA and GSA: offsets clipped to a table, the table read at every pair of an
-axis, and the tables' initialisation.
+axis, the tables' initialisation, and the offsets that training reached.
 
 Bello et al. (AA, ICCV 2019) Sec. 3.2 and Shen et al. (GSA) eq. (5)-(7): one learned embedding per relative
 offset along each axis; tables of ``2 * max_dist - 1`` rows clip larger offsets to the ends (Shaw et al., 2018).
+A table trains only the rows of offsets that occur in training: :class:`TrainedOffsetRange` records, per axis,
+the largest offset a learning pass used (saved in ``state_dict``) and crops a table to those rows, so test maps
+clip larger offsets to the largest trained one (docs/design.md, "Relative embeddings at any size").
 
 Example:
     >>> import torch
@@ -12,16 +15,27 @@ Example:
             [0, 0, 1]])
     >>> relative_embeddings(torch.zeros(3, 4), 5).shape
     torch.Size([5, 5, 4])
+    >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(127, 8)
+    >>> rng.crop(table, 0, learning=False).shape  # nothing recorded yet: the whole table
+    torch.Size([127, 8])
+    >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map: recorded
+    torch.Size([127, 8])
+    >>> rng.crop(table, 0, learning=False, length=30).shape  # at test time: offsets clip at 9
+    torch.Size([19, 8])
+    >>> rng.crop(table, 0, learning=False, length=4).shape  # a 4-long map reads offsets up to 3
+    torch.Size([7, 8])
 """
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kernel_policy import size_constant
+from .kernel_policy import graph_mode, size_constant
 
-__all__ = ['relative_index', 'relative_embeddings', 'init_relative_table']
+__all__ = ['relative_index', 'relative_embeddings', 'init_relative_table', 'TrainedOffsetRange']
 
 
 def relative_index(length: int, max_dist: int, device=None) -> Tensor:
@@ -56,3 +70,93 @@ def init_relative_table(table: Tensor, head_dim: int) -> Tensor:
     """Initialise a relative table with N(0, head_dim ** -0.5) (AA paper, Sec. 3.2)."""
     with torch.no_grad():
         return table.normal_(0.0, math.pow(head_dim, -0.5))
+
+
+_EXTRA_STATE = '_extra_state'
+
+
+class TrainedOffsetRange(BaseModule):
+    """Per-axis record of the largest relative offset used while the tables learned.
+
+    The record is a list of Python ints (no device synchronisation), saved through ``get_extra_state``;
+    ``-1`` means nothing recorded (the whole table is used). While a graph is captured, nothing depends on
+    the map's length: a learning pass records into a non-persistent buffer (an in-graph ``clamp_``), which
+    :meth:`train` ``(False)`` and ``state_dict`` fold into the integers.
+
+    Args:
+        max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
+        num_axes (int): tables recorded (AA: height and width; GSA: column and row).
+            Defaults to 2.
+    """
+
+    def __init__(self, max_rel_dist: int, num_axes: int = 2):
+        super().__init__()
+        self.max_rel_dist = max_rel_dist
+        self.trained = [-1] * num_axes
+        self.register_buffer('graph_record', torch.full((num_axes,), -1), persistent=False)
+        self.graph_recorded = False
+
+    def reset(self):
+        """Nothing trained (a freshly initialised table)."""
+        self.trained = [-1] * len(self.trained)
+        self.graph_record.fill_(-1)
+        self.graph_recorded = False
+
+    def merge_graph_record(self):
+        """Fold what captured graphs recorded into :attr:`trained` (reads the buffer once)."""
+        if self.graph_recorded:
+            self.trained = [max(a, b) for a, b in zip(self.trained, self.graph_record.tolist())]
+            self.graph_recorded = False
+
+    def train(self, mode: bool = True):
+        if not mode:
+            self.merge_graph_record()
+        return super().train(mode)
+
+    def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
+        """The rows of ``table`` that the recorded range allows, and that a map of ``length`` reads.
+
+        Args:
+            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``.
+            axis (int): which record.
+            learning (bool): the table learns in this pass (training mode, grad enabled,
+                ``requires_grad``): ``length`` widens the record first.
+            length (int, optional): the map's length along ``axis``; needed when learning.
+
+        Returns:
+            Tensor: in a learning pass the whole table; otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1,
+            length)``, a view of the middle rows; without a record ``m = min(M, length)``.
+        """
+        M, in_graph = self.max_rel_dist, graph_mode()  # in a graph nothing depends on ``length``: no guard
+        if learning:  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
+            if in_graph:  # a tensor record, no size baked in
+                self.graph_record[axis].clamp_(min=length - 1)
+                self.graph_recorded = True
+            else:
+                self.trained[axis] = max(self.trained[axis], length - 1)
+            return table
+        m = M if self.trained[axis] < 0 else min(M, self.trained[axis] + 1)
+        if length is not None and not in_graph:
+            m = min(m, length)
+        return table[M - m:M + m - 1]
+
+    def get_extra_state(self) -> Tensor:
+        self.merge_graph_record()
+        return torch.tensor(self.trained, dtype=torch.long)
+
+    def set_extra_state(self, state: Tensor):
+        self.trained = [int(v) for v in state.tolist()]
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """A checkpoint without a record (older than it) loads as 'nothing recorded'."""
+        key = prefix + _EXTRA_STATE
+        if key not in state_dict:
+            self.reset()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if key in missing_keys:
+            missing_keys.remove(key)
+
+    def extra_repr(self) -> str:
+        return f'max_rel_dist={self.max_rel_dist}, trained={self.trained}'

@@ -109,15 +109,13 @@ class AAConv2d(BaseModule):
         dv = dv if value_channels is None else value_channels
         for name, value in (('key_channels (dk)', dk), ('value_channels (dv)', dv)):
             if value <= 0 or value % num_heads:
-                raise ValueError(f'AAConv2d: {name}={value} must be a positive multiple of '
-                                 f'num_heads={num_heads}')
+                raise ValueError(f'AAConv2d: {name}={value} must be a positive multiple of num_heads={num_heads}')
         if dv > out_channels:
             raise ValueError(f'AAConv2d: value_channels (dv)={dv} exceeds out_channels={out_channels}')
         if dv == out_channels and value_channels is None and value_ratio < 1:
-            raise ValueError(f'AAConv2d: value_ratio={value_ratio} of out_channels={out_channels} rounds to '
-                             f'dv={dv} (a multiple of num_heads={num_heads}), which leaves no convolutional '
-                             f'channels; use more out_channels or fewer heads, or value_ratio=1.0 for a '
-                             f'fully attentional layer')
+            raise ValueError(f'AAConv2d: value_ratio={value_ratio} of out_channels={out_channels} rounds to dv={dv} (a '
+                             f'multiple of num_heads={num_heads}), which leaves no convolutional channels; use more '
+                             f'out_channels or fewer heads, or value_ratio=1.0 for a fully attentional layer')
         for name, value, allowed in (('position', position, POSITION_ENCODINGS), ('stride', stride, (1, 2)),
                                      ('groups', groups, (1,)), ('impl', impl, IMPLS)):
             if value not in allowed:

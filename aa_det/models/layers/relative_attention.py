@@ -193,7 +193,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
         pad = (8 - (d + H + W) % 8) % 8  # not -(d + H + W) % 8: _pad_last says why
         if graph_mode():  # 8 to 15 zero columns: a symbolic size that may be 0 or 1 is guarded, one graph per case
             pad += 8
-        columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: onehot(h_j), onehot(w_j), 0
+        columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: one-hot h_j, w_j
         q, fold = folded_queries(q, table_h, table_w, H, W, pad, dtype)  # [B, Nh, HW, d + H + W + pad]
         if fold is not None:
             columns = columns * fold.to(dtype)

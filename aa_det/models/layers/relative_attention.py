@@ -196,7 +196,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
         columns = size_constant(_fold_columns, H, W, pad, dtype, q.device)  # [H, W, H + W + pad]: one-hot h_j, w_j
         q, fold = folded_queries(q, table_h, table_w, H, W, pad, dtype)  # [B, Nh, HW, d + H + W + pad]
         if fold is not None:
-            columns = columns * fold.to(dtype)
+            columns = columns * fold  # a 0-d float32 factor: still float16
         k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out[..., :dv]

@@ -239,8 +239,8 @@ def _gather(t: Tensor, index: Tensor) -> Tensor:
     input_ref = weakref.ref(t)  # the saved hooks live as long as the backward: they hold no reference to t
     with torch.autograd.graph.saved_tensors_hooks(
             lambda saved: (saved.shape, saved.dtype, saved.device) if saved is input_ref() else saved,
-            lambda packed: torch.empty((), dtype=packed[1], device=packed[2]).expand(packed[0])
-            if isinstance(packed, tuple) else packed):
+            lambda held: torch.empty((), dtype=held[1], device=held[2]).expand(held[0])
+            if isinstance(held, tuple) else held):
         return t.gather(-1, index)
 
 

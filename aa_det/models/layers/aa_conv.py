@@ -164,9 +164,7 @@ class AAConv2d(BaseModule):
         """
         if self.position != 'relative':
             return None, None
-        learning = self.training and torch.is_grad_enabled() and self.rel_h.requires_grad
-        return (self.offset_range.crop(self.rel_h, 0, learning, h),
-                self.offset_range.crop(self.rel_w, 1, learning, w))
+        return self.offset_range.crop(self.rel_h, 0, h), self.offset_range.crop(self.rel_w, 1, w)
 
     def init_weights(self):
         super().init_weights()

@@ -340,11 +340,7 @@ class GlobalSelfAttention2d(BaseModule):
             Tensor: ``[2m - 1, dkh]``.
         """
         table = self.rel_col if name == 'column' else self.rel_row
-        return self.offset_range.crop(table, 0 if name == 'column' else 1, self._learning(table), length)
-
-    def _learning(self, table: Tensor) -> bool:
-        """The relative ``table`` learns in this pass (and the record widens to the map)."""
-        return self.training and torch.is_grad_enabled() and table.requires_grad
+        return self.offset_range.crop(table, 0 if name == 'column' else 1, length)
 
     def axial_factor(self, name: str, length: int):
         """What the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of
@@ -362,7 +358,7 @@ class GlobalSelfAttention2d(BaseModule):
             return 1 / length
         axis = 0 if name == 'column' else 1
         trained = self.offset_range.trained[axis] + 1  # T, 0 without a record
-        if trained < 1 or self._learning(self.rel_col if name == 'column' else self.rel_row):
+        if trained < 1 or self.offset_range.learns(self.rel_col if name == 'column' else self.rel_row):
             return None
         if torch.jit.is_tracing():  # TorchScript (and its ONNX exporter): the traced length is a tensor
             return trained / torch.as_tensor(length).clamp(min=trained)

@@ -15,14 +15,14 @@ Example:
             [0, 0, 1]])
     >>> relative_embeddings(torch.zeros(3, 4), 5).shape
     torch.Size([5, 5, 4])
-    >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(127, 8)
-    >>> rng.crop(table, 0, learning=False).shape  # nothing recorded yet: the whole table
+    >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(127, 8, requires_grad=True)
+    >>> rng.eval().crop(table, 0).shape  # nothing recorded yet: the whole table
     torch.Size([127, 8])
-    >>> rng.crop(table, 0, learning=True, length=10).shape  # a 10-long training map: recorded
+    >>> rng.train().crop(table, 0, length=10).shape  # a 10-long training map: recorded
     torch.Size([127, 8])
-    >>> rng.crop(table, 0, learning=False, length=30).shape  # at test time: offsets clip at 9
+    >>> rng.eval().crop(table, 0, length=30).shape  # at test time: offsets clip at 9
     torch.Size([19, 8])
-    >>> rng.crop(table, 0, learning=False, length=4).shape  # a 4-long map reads offsets up to 3
+    >>> rng.crop(table, 0, length=4).shape  # a 4-long map reads offsets up to 3
     torch.Size([7, 8])
 """
 import math
@@ -113,14 +113,17 @@ class TrainedOffsetRange(BaseModule):
             self.merge_graph_record()
         return super().train(mode)
 
-    def crop(self, table: Tensor, axis: int, learning: bool, length: Optional[int] = None) -> Tensor:
+    def learns(self, table: Tensor) -> bool:
+        """``table`` learns in this pass: training mode, grad enabled, ``table.requires_grad``."""
+        return self.training and torch.is_grad_enabled() and table.requires_grad
+
+    def crop(self, table: Tensor, axis: int, length: Optional[int] = None) -> Tensor:
         """The rows of ``table`` that the recorded range allows, and that a map of ``length`` reads.
 
         Args:
-            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``.
+            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``; where it :meth:`learns`,
+                ``length`` widens the record first.
             axis (int): which record.
-            learning (bool): the table learns in this pass (training mode, grad enabled,
-                ``requires_grad``): ``length`` widens the record first.
             length (int, optional): the map's length along ``axis``; needed when learning.
 
         Returns:
@@ -128,7 +131,7 @@ class TrainedOffsetRange(BaseModule):
             length)``, a view of the middle rows; without a record ``m = min(M, length)``.
         """
         M, in_graph = self.max_rel_dist, graph_mode()  # in a graph nothing depends on ``length``: no guard
-        if learning:  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
+        if self.learns(table):  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
             if in_graph:  # a tensor record, no size baked in
                 self.graph_record[axis].clamp_(min=length - 1)
                 self.graph_recorded = True

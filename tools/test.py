@@ -16,7 +16,7 @@ require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.engine import ConfigError, build_runner, load_config  # noqa: E402
+from aa_det.engine import ConfigError, build_runner, close_process_group, load_config  # noqa: E402
 
 
 def parse_args():
@@ -49,6 +49,7 @@ def main():
             else list(cfg.test_evaluator)
         cfg.test_evaluator.append(dict(type='DumpDetResults', out_file_path=args.out))
     build_runner(cfg, splits=('test',)).test()
+    close_process_group()
 
 
 if __name__ == '__main__':

@@ -5,7 +5,8 @@
 
 Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
 in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU
-(CPUAmpOptimWrapper), COCO annotation files without `info` evaluate (LenientCocoMetric).
+(CPUAmpOptimWrapper), COCO annotation files without `info` evaluate (LenientCocoMetric), a barrier and
+the process group destroyed after a finished distributed run (close_process_group).
 """
 import argparse
 import os
@@ -19,7 +20,7 @@ require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.engine import build_runner, load_config  # noqa: E402
+from aa_det.engine import build_runner, close_process_group, load_config  # noqa: E402
 
 
 def parse_args():
@@ -56,6 +57,7 @@ def main():
                       auto_scale_lr=args.auto_scale_lr,
                       resume=args.resume, partial_load=args.partial_load)
     build_runner(cfg).train()
+    close_process_group()
 
 
 if __name__ == '__main__':

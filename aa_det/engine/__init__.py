@@ -1,5 +1,5 @@
 """Training-loop pieces: config loading and Runner construction for the tools (data, model and checkpoints
-checked before the run: ``checks.py``, ``checkpoints.py``), the ``CPUAmpOptimWrapper``,
+checked before the run: ``checks.py``, ``checkpoints.py``), the end of a distributed run, the ``CPUAmpOptimWrapper``,
 ``MergedGroupsOptimWrapperConstructor`` and ``CompileOptimWrapperConstructor`` registered in mmengine's
 registries, and the ``StopOnNonFiniteLoss``, ``StopOnNonFiniteOutputs``, ``CompileBackboneHook``,
 ``EagerDataPreprocessorHook`` and ``StaticModuleIntsHook`` hooks."""
@@ -8,9 +8,10 @@ from .checks import check_classification_data, check_coco_annotation, check_run_
 from .hooks import (CompileBackboneHook, EagerDataPreprocessorHook, NonFiniteLossError, NonFiniteOutputError,
                     StaticModuleIntsHook, StopOnNonFiniteLoss, StopOnNonFiniteOutputs)
 from .optim_wrapper import CPUAmpOptimWrapper, CompileOptimWrapperConstructor, MergedGroupsOptimWrapperConstructor
-from .runner import build_runner, load_config
+from .runner import build_runner, close_process_group, load_config
 
 __all__ = ['CPUAmpOptimWrapper', 'CompileBackboneHook', 'CompileOptimWrapperConstructor', 'ConfigError',
            'EagerDataPreprocessorHook', 'MergedGroupsOptimWrapperConstructor', 'NonFiniteLossError',
            'NonFiniteOutputError', 'StaticModuleIntsHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs',
-           'build_runner', 'check_classification_data', 'check_coco_annotation', 'check_run_config', 'load_config']
+           'build_runner', 'check_classification_data', 'check_coco_annotation', 'check_run_config',
+           'close_process_group', 'load_config']

@@ -163,6 +163,20 @@ def shared_head_norm_warning(model) -> Optional[str]:
     return None
 
 
+def close_process_group():
+    """End a finished distributed run: a barrier, then the default process group destroyed (a no-op
+    without one).
+
+    A gloo worker thread releases a collective's tensors after the caller's wait has returned, and needs
+    the GIL for it; if the interpreter is finalising by then, the process aborts (SIGABRT, "terminate called
+    without an active exception"; seen on torch 2.14.1) and torchrun reports the finished run as failed.
+    The barrier's wait releases the GIL until every earlier collective is done and its thread free.
+    Called on success only: after an error the other ranks may never reach the barrier."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     """Check the data of ``splits`` and the checkpoint paths, then build mmengine's Runner
     (or the config's runner_type).

@@ -418,17 +418,20 @@ def test_resume_mid_run_restores_iteration_optimizer_and_schedule(tiny_shapes, t
 
 @pytest.mark.slow
 def test_two_process_distributed_run(tiny_shapes, tmp_path):
-    """torchrun, gloo on the CPU: 2 processes x batch 2 = total batch 4 (8 images: 2 iterations)."""
-    with socket.socket() as sock:  # a free port: a fixed one may still be held by an earlier run
-        sock.bind(('127.0.0.1', 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={port}',
-           osp.join(ROOT, 'tools/train.py'), DEMO, '--launcher', 'pytorch', '--work-dir', str(tmp_path),
-           '--cfg-options'] + [f'{k}={v}' for k, v in demo_options(
-               tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 2,
-                               # one step in, keep every box so CocoMetric has results to score
-                               'model.test_cfg.score_thr': 0.0}).items()]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert out.returncode == 0, out.stderr[-3000:]
-    log = open(glob.glob(str(tmp_path / '*' / '*.log'))[0]).read()
-    assert 'Epoch(train) [1][2/2]' in log and 'bbox_mAP' in log
+    """torchrun, gloo on the CPU: 2 processes x batch 2 = total batch 4 (8 images: 2 iterations), then
+    tools/test.py on that checkpoint in 2 processes; each exits 0 (the process group closed after the run)."""
+    # one step in, keep every box so CocoMetric has results to score
+    options = demo_options(tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 2,
+                                           'model.test_cfg.score_thr': 0.0})
+    for tool, args in (('train.py', []), ('test.py', [str(tmp_path / 'epoch_1.pth')])):
+        with socket.socket() as sock:  # a free port: a fixed one may still be held by an earlier run
+            sock.bind(('127.0.0.1', 0))
+            port = sock.getsockname()[1]
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2', f'--master_port={port}',
+               osp.join(ROOT, 'tools', tool), DEMO, *args, '--launcher', 'pytorch', '--work-dir', str(tmp_path),
+               '--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS='1'))
+        assert out.returncode == 0, (tool, out.stderr[-3000:])
+    train_log, test_log = (open(p).read() for p in sorted(glob.glob(str(tmp_path / '*' / '*.log'))))
+    assert 'Epoch(train) [1][2/2]' in train_log and 'bbox_mAP' in train_log
+    assert 'Epoch(test)' in test_log and 'bbox_mAP' in test_log

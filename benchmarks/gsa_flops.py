@@ -1,4 +1,4 @@
-"""Where GSA-ResNet-50's forward FLOPs exceed ResNet-50's, and the floor of an exact GSA (issue 19).
+"""Where GSA-ResNet-50's forward FLOPs exceed ResNet-50's, and the floor of an exact GSA.
 
 Both backbones' forward pass at batch 1 (``torch.utils.flop_counter.FlopCounterMode``, per
 module), the 3x3 layer of every block side by side: ResNet-50's ``conv2`` against the GSA module

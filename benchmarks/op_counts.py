@@ -1,5 +1,5 @@
 """Kernel launches, FLOPs, bytes and peak memory of the backbones with the CUDA kernel policy,
-measured on the CPU (issue 19): what a GPU would run, counted without one.
+measured on the CPU: what a GPU would run, counted without one.
 
 For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet configs' backbones: GSA in stages
 3-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's ResNet does by

@@ -45,6 +45,19 @@ def test_no_history_words_in_pages(kind):
     assert not found, f'{kind} in the documentation (history goes to CHANGELOG.md):\n' + '\n'.join(found)
 
 
+def test_no_issue_numbers_in_history_or_scripts():
+    """CHANGELOG.md and what a user runs or reads (scripts' ``--help``, configs) name no issue of ours."""
+    paths = [osp.join(ROOT, 'CHANGELOG.md')] + [
+        p for pattern in ('benchmarks/*', 'tools/**/*', 'configs/**/*.py', 'aa_det/**/*.py')
+        for p in glob.glob(osp.join(ROOT, pattern), recursive=True) if p.endswith(('.py', '.sh'))]
+    found = []
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        found += [f'{osp.relpath(path, ROOT)}:{n}: {word!r}' for n, word in _hits(text, FORBIDDEN['issue number'])]
+    assert len(paths) > 50 and not found, 'issue numbers users cannot see:\n' + '\n'.join(found)
+
+
 def test_forbidden_patterns_catch_what_they_should():
     assert list(_hits('Third Session, same counter', FORBIDDEN['session']))
     assert list(_hits('the sessions before', FORBIDDEN['session']))

@@ -83,11 +83,11 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor, queries: Tensor) -> dict:
         table = gsa.relative_table('column', H)
         emb = table[relative_index(H, (table.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
         # column weights of every pixel (x_p, j) of the query's row, over rows i
-        col = _scaled(torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb), gsa.axial_factor('column', H))
+        col = gsa.scale_axial(torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb), 'column', H)
     if 'row' in gsa.components:
         table = gsa.relative_table('row', W)
         emb = table[relative_index(W, (table.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
-        row = _scaled(torch.einsum('bnkp,pjk->bnpj', q_p, emb), gsa.axial_factor('row', W))  # [B, Nh, P, W]
+        row = gsa.scale_axial(torch.einsum('bnkp,pjk->bnpj', q_p, emb), 'row', W)  # [B, Nh, P, W]
     if col is not None and row is not None:
         maps['positional'] = col * row[:, :, :, None, :]
     elif col is not None:  # column only: the query's own column
@@ -99,7 +99,3 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor, queries: Tensor) -> dict:
         out[:, :, torch.arange(len(rows)), rows, :] = row
         maps['positional'] = out
     return maps
-
-
-def _scaled(weights: Tensor, factor) -> Tensor:
-    return weights if factor is None else weights * factor

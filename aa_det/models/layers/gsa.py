@@ -342,29 +342,25 @@ class GlobalSelfAttention2d(BaseModule):
         table = self.rel_col if name == 'column' else self.rel_row
         return self.offset_range.crop(table, 0 if name == 'column' else 1, length)
 
-    def axial_factor(self, name: str, length: int):
-        """What the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of
-        ``length`` along its axis is multiplied by (``axial_scale``), or None for 1.
+    def scale_axial(self, out: Tensor, name: str, length: int) -> Tensor:
+        """``out``, the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of ``length`` along
+        its axis, scaled as ``axial_scale`` says.
 
-        ``'trained'``: ``T / L`` where the map is longer than the longest recorded axis ``T``; None in a
-        learning pass or without a record. In a captured graph, computed from the symbolic (traced) length.
-
-        Returns:
-            float | Tensor | None: a scalar.
+        ``'trained'``: times ``T / L`` where the map is longer than the longest recorded axis ``T``; unscaled in
+        a learning pass or without a record. In a captured graph, from the symbolic (traced) length.
         """
         if self.axial_scale == 'sum':
-            return None
+            return out
         if self.axial_scale == 'mean':
-            return 1 / length
-        axis = 0 if name == 'column' else 1
-        trained = self.offset_range.trained[axis] + 1  # T, 0 without a record
+            return out * (1 / length)
+        trained = self.offset_range.trained[0 if name == 'column' else 1] + 1  # T, 0 without a record
         if trained < 1 or self.offset_range.learns(self.rel_col if name == 'column' else self.rel_row):
-            return None
+            return out
         if torch.jit.is_tracing():  # TorchScript (and its ONNX exporter): the traced length is a tensor
-            return trained / torch.as_tensor(length).clamp(min=trained)
+            return out * (trained / torch.as_tensor(length).clamp(min=trained))
         if graph_mode():  # dynamo: a symbolic max, no guard on the length, nothing baked in
-            return trained / torch.sym_max(trained, length)
-        return trained / length if length > trained else None
+            return out * (trained / torch.sym_max(trained, length))
+        return out * (trained / length) if length > trained else out
 
     def init_weights(self):
         super().init_weights()
@@ -396,9 +392,7 @@ class GlobalSelfAttention2d(BaseModule):
                                    if 'content' in self.components else None)
             if 'content' in self.components:
                 pos, out = pos
-            factor = self.axial_factor('column', H)
-            if factor is not None:
-                pos = pos * factor
+            pos = self.scale_axial(pos, 'column', H)
             if 'row' in self.components:
                 pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         else:
@@ -406,9 +400,7 @@ class GlobalSelfAttention2d(BaseModule):
         if 'row' in self.components:
             pos = row_attention(ops['q_row'], pos, None if emb_row is not None else self.relative_table('row', W),
                                 embeddings=emb_row)
-            factor = self.axial_factor('row', W)
-            if factor is not None:
-                pos = pos * factor
+            pos = self.scale_axial(pos, 'row', W)
         if pos is not None:
             out = out + pos  # [B, Nh, dvh, H, W]
         out = out.reshape(B, self.out_channels, H, W)

@@ -307,29 +307,22 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     Returns:
         Tensor: ``[B, Nh, HW, dv]`` in the dtype of ``v``.
     """
-    out_dtype = v.dtype
-    device = kernel_device(q.device.type)
-    amp_dtype = autocast_dtype(q.device.type)
+    if impl not in IMPLS:
+        raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
+    device, amp_dtype = kernel_device(q.device.type), autocast_dtype(q.device.type)
     if impl == 'auto':
         B, Nh, N, _ = q.shape
         impl = choose_impl(device, B * Nh * N * N, amp_dtype)
     dtype = kernel_dtype(device, impl, q.dtype, amp_dtype)
     with torch.autocast(q.device.type, enabled=False):
-        if impl != 'sdpa' and scale != 1.0:
-            q = q * scale
         if impl == 'sdpa':
-            out = attention_sdpa_folded(q, k, v, table_h, table_w, H, W, dtype, scale)
-        elif impl in ('blocked', 'materialized'):
-            rel_h = rel_w = None
-            if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
-                rel_dtype = torch.promote_types(q.dtype, torch.float32)
-                rel_h, rel_w = relative_logits(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype),
-                                                  table_w.to(rel_dtype))
-            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-            if impl == 'blocked':
-                out = attention_blocked(q, k, v, rel_h, rel_w, H, W, block_elems)
-            else:
-                out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
-        else:
-            raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
-    return out.to(out_dtype)
+            return attention_sdpa_folded(q, k, v, table_h, table_w, H, W, dtype, scale).to(v.dtype)
+        q = q * scale if scale != 1.0 else q
+        rel_h = rel_w = None
+        if table_h is not None:  # in float32 (float64 in tests), whatever the kernel's dtype
+            rel_dtype = torch.promote_types(q.dtype, torch.float32)
+            rel_h, rel_w = relative_logits(q.view(*q.shape[:2], H, W, q.shape[-1]), table_h.to(rel_dtype),
+                                           table_w.to(rel_dtype))
+        args = (q.to(dtype), k.to(dtype), v.to(dtype), rel_h, rel_w, H, W)
+        out = attention_blocked(*args, block_elems) if impl == 'blocked' else attention_materialized(*args)
+    return out.to(v.dtype)

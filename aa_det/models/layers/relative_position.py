@@ -72,9 +72,6 @@ def init_relative_table(table: Tensor, head_dim: int) -> Tensor:
         return table.normal_(0.0, math.pow(head_dim, -0.5))
 
 
-_EXTRA_STATE = '_extra_state'
-
-
 class TrainedOffsetRange(BaseModule):
     """Per-axis record of the largest relative offset used while the tables learned.
 
@@ -153,7 +150,7 @@ class TrainedOffsetRange(BaseModule):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         """A checkpoint without a record (older than it) loads as 'nothing recorded'."""
-        key = prefix + _EXTRA_STATE
+        key = prefix + '_extra_state'  # nn.Module's key for get_extra_state
         if key not in state_dict:
             self.reset()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,

@@ -207,10 +207,8 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
         else:  # inference, trace and export: plain ops, no autograd.Function in the graph
             out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
             out = out if context is None else (out, _content_product(qc, context))
-        content = None
-        if context is not None:
-            out, content = out  # [G, H, dvh], [B * Nh, dvh, HW]
-    out = out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)
+    out, content = (out, None) if context is None else out  # [G, H, dvh], [B * Nh, dvh, HW]
+    out = out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)  # [B, Nh, dvh, H, W]
     return out if context is None else (out, content.view(B, Nh, -1, H, W))
 
 

@@ -52,11 +52,6 @@ def aa_channels(out_channels: int, key_ratio: float, value_ratio: float, num_hea
     return dk, dv
 
 
-def _heads(t: Tensor, num_heads: int) -> Tensor:
-    """``[B, Nh * d, h, w]`` -> ``[B, Nh, hw, d]`` (a view)."""
-    return t.reshape(t.shape[0], num_heads, -1, t.shape[-2] * t.shape[-1]).transpose(-1, -2)
-
-
 @MODELS.register_module('AAConv')
 class AAConv2d(BaseModule):
     """Attention augmented convolution (AA paper, Sec. 3.3, Fig. 2).
@@ -212,7 +207,8 @@ class AAConv2d(BaseModule):
         h, w = x.shape[-2:]
         sizes = (self.key_channels, self.key_channels, self.value_channels)
         qkv = self.qkv._conv_forward(x, *(params or (self.qkv.weight, self.qkv.bias)))  # [B, 2 dk + dv, h, w]: k, q, v
-        k, q, v = (_heads(t, self.num_heads) for t in qkv.split(sizes, 1))
+        k, q, v = (t.reshape(t.shape[0], self.num_heads, -1, h * w).transpose(-1, -2)  # [B, Nh, hw, d]: views
+                   for t in qkv.split(sizes, 1))
         return q, k, v, (h, w)
 
     def forward(self, x: Tensor) -> Tensor:

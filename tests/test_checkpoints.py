@@ -1,6 +1,6 @@
-"""Checkpoints checked before work is spent, and training stopped on a non-finite loss
-(issue 20, part B): unreadable, non-finite or ill-fitting checkpoints are one ``aa_det:`` line
-naming the file; auto-resume falls back past a truncated latest checkpoint."""
+"""Checkpoints checked before work is spent, and training stopped on a non-finite loss:
+unreadable, non-finite or ill-fitting checkpoints are one ``aa_det:`` line naming the file;
+auto-resume falls back past a truncated latest checkpoint."""
 import glob
 import os
 import os.path as osp

@@ -1,4 +1,4 @@
-"""torch.compile of the attention layers (issue 19): one graph (``fullgraph=True``) in training mode,
+"""torch.compile of the attention layers: one graph (``fullgraph=True``) in training mode,
 one compile for every input size with dynamic shapes (multiscale jitter), outputs and gradients as
 eager's, and the trained-offset record kept (docs/design.md, "Compiling and exporting").
 

@@ -1,4 +1,4 @@
-"""Data checked before work is spent (issue 20, part B): images listed in the annotation file
+"""Data checked before work is spent: images listed in the annotation file
 exist, JSON syntax errors name the file, skipped annotations are counted, and the opt-in full
 check (tools/check_dataset.py) finds what silently drops boxes."""
 import json

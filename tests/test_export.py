@@ -1,4 +1,4 @@
-"""ONNX export and TorchScript tracing of the attention layers and backbones (issue 20, item 3).
+"""ONNX export and TorchScript tracing of the attention layers and backbones.
 
 Both ONNX exporters (TorchScript-based ``dynamo=False``, what mmdeploy uses, and ``dynamo=True``)
 with dynamic height and width; onnxruntime must match PyTorch at the export size and at two others,

@@ -3,7 +3,7 @@
 ``force_policy('cuda')`` gives CPU tensors the CUDA choices, so these tests execute what a GPU runs
 under AMP: AA's folded fused SDPA on the autocast dtype (with the fp16 fold scale), GSA's bf16
 products and one-chunk axial kernel, forward and backward, against the float64 loop references.
-Errors are bounded as in tests/test_low_precision.py (issue 11): by PyTorch's own SDPA error on the
+Errors are bounded as in tests/test_low_precision.py: by PyTorch's own SDPA error on the
 same inputs and dtype.
 """
 import pytest

@@ -1,5 +1,5 @@
-"""Every ResNet / model setting honoured or refused, and config mistakes caught before training
-(issue 20 A): backbone settings through the registry, config checks through load_config +
+"""Every ResNet / model setting honoured or refused, and config mistakes caught before training:
+backbone settings through the registry, config checks through load_config +
 build_runner and tools/train.py."""
 import json
 import os

@@ -27,7 +27,7 @@ from ...utils.compat import autocast_dtype
 from .kernel_policy import cast_together, graph_mode
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_attention import IMPLS, relative_attention
-from .relative_position import TrainedOffsetRange, init_relative_table
+from .relative_position import TrainedOffsetRange, reset_relative_tables
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
 
@@ -142,13 +142,7 @@ class AAConv2d(BaseModule):
             self.rel_h = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
             self.rel_w = nn.Parameter(torch.empty(2 * max_rel_dist - 1, self.head_dim))
             self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (h, w) trained so far
-            self.reset_relative()
-
-    def reset_relative(self):
-        """Relative tables ~ N(0, dkh^-0.5), shared by the heads (Sec. 3.2); nothing trained."""
-        init_relative_table(self.rel_h, self.head_dim)
-        init_relative_table(self.rel_w, self.head_dim)
-        self.offset_range.reset()
+            reset_relative_tables(self, 'rel_h', 'rel_w')
 
     def relative_tables(self, h: int, w: int):
         """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use (:class:`TrainedOffsetRange`).
@@ -163,8 +157,7 @@ class AAConv2d(BaseModule):
 
     def init_weights(self):
         super().init_weights()
-        if self.position == 'relative':
-            self.reset_relative()
+        reset_relative_tables(self, 'rel_h', 'rel_w')  # none without relative position
 
     def attention_input(self, x: Tensor) -> Tensor:
         """Strided / downsampled input of the attention branch, with absolute

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from ...utils.compat import autocast_dtype
 from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
-from .relative_position import TrainedOffsetRange, init_relative_table, relative_embeddings, relative_index
+from .relative_position import TrainedOffsetRange, relative_embeddings, relative_index, reset_relative_tables
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'gsa_operands', 'column_attention',
            'row_attention', 'axial_embeddings', 'GSA_COMPONENTS', 'AXIAL_SCALES']
@@ -44,8 +44,7 @@ CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
 
-    The softmax in float32 (or float64), the products in :func:`compute_dtype`; ``q`` in
-    the layout of :data:`AXIAL_Q`, shared with column attention.
+    The softmax in float32 (or float64); ``q`` in the layout of :data:`AXIAL_Q`, shared with column attention.
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
@@ -320,15 +319,7 @@ class GlobalSelfAttention2d(BaseModule):
             self.operands['v_column'] = (2, COLUMN_V)
         elif 'row' in components:
             self.operands['v_row'] = (2, ROW_V)
-        self.reset_relative()
-
-    def reset_relative(self):
-        """Relative tables ~ N(0, dkh^-0.5), shared by the heads; nothing trained."""
-        for name in ('rel_col', 'rel_row'):
-            if hasattr(self, name):
-                init_relative_table(getattr(self, name), self.head_dim)
-        if hasattr(self, 'offset_range'):
-            self.offset_range.reset()
+        reset_relative_tables(self, 'rel_col', 'rel_row')
 
     def relative_table(self, name: str, length: int) -> Tensor:
         """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length`` along that axis
@@ -362,7 +353,7 @@ class GlobalSelfAttention2d(BaseModule):
 
     def init_weights(self):
         super().init_weights()
-        self.reset_relative()
+        reset_relative_tables(self, 'rel_col', 'rel_row')
 
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape

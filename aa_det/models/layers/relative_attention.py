@@ -139,8 +139,7 @@ class _BlockedAttention(torch.autograd.Function):
                     ds = ds.view(B, Nh, -1, H, W)
                     d_rel_hs.append(ds.sum(-1))  # [B, Nh, n, H]
                     d_rel_ws.append(ds.sum(-2))  # [B, Nh, n, W]
-            d_rel_h = torch.cat(d_rel_hs, 2) if rel_h is not None else None
-            d_rel_w = torch.cat(d_rel_ws, 2) if rel_w is not None else None
+            d_rel_h, d_rel_w = (torch.cat(d_rel_hs, 2), torch.cat(d_rel_ws, 2)) if rel_h is not None else (None, None)
             return torch.cat(dqs, 2), dk, dv, d_rel_h, d_rel_w, None, None, None
 
 
@@ -162,9 +161,8 @@ def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], 
     return _BlockedAttention.apply(q, k, v, rel_h, rel_w, H, W, rows)  # [B, Nh, HW, dv]
 
 
-def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor],
-                          table_w: Optional[Tensor], H: int, W: int,
-                          dtype: Optional[torch.dtype] = None, scale: float = 1.0) -> Tensor:
+def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
+                          H: int, W: int, dtype: torch.dtype, scale: float = 1.0) -> Tensor:
     """Relative logits folded into one fused ``scaled_dot_product_attention``.
 
     ``[q, S^H_i, S^W_i] . [k, onehot(h_j), onehot(w_j)] = q.k + rel_h[h_j] + rel_w[w_j]`` exactly, with
@@ -174,14 +172,13 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
     Args:
         q, k, v, H, W: as :func:`attention_materialized`; ``q`` unscaled when ``scale`` is given.
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings (float32 under AMP), or None.
-        dtype (torch.dtype, optional): the fused kernel's dtype; defaults to ``q``'s. With float16 the
-            relative logits are folded as ``rel / s`` against one-hot columns of ``s`` (:func:`_fp16_fold_scale`).
+        dtype (torch.dtype): the fused kernel's dtype. With float16 the relative logits are folded as ``rel / s``
+            against one-hot columns of ``s`` (:func:`_fp16_fold_scale`).
         scale (float): every logit's factor, applied inside the fused kernel. Defaults to 1.0.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]`` in ``dtype``.
     """
-    dtype = q.dtype if dtype is None else dtype
     B, Nh, N, d = q.shape
     dv = v.shape[-1]
     # The fused (memory-efficient) kernels need every head dim in multiples of 8, values'

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from .kernel_policy import graph_mode, size_constant
 
-__all__ = ['relative_index', 'relative_embeddings', 'init_relative_table', 'TrainedOffsetRange']
+__all__ = ['relative_index', 'relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
 
 
 def relative_index(length: int, max_dist: int, device=None) -> Tensor:
@@ -66,14 +66,19 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     return F.embedding(size_constant(relative_index, length, M, table.device), table)
 
 
-def init_relative_table(table: Tensor, head_dim: int) -> Tensor:
-    """Initialise a relative table with N(0, head_dim ** -0.5) (AA paper, Sec. 3.2)."""
+def reset_relative_tables(layer: torch.nn.Module, *names: str) -> None:
+    """``layer``'s relative tables ``names`` (those it has) ~ N(0, dkh^-0.5), shared by the heads (AA paper,
+    Sec. 3.2), and its ``offset_range`` (if any) to nothing trained: AA's and GSA's construction and init_weights."""
     with torch.no_grad():
-        return table.normal_(0.0, math.pow(head_dim, -0.5))
+        for name in names:
+            if hasattr(layer, name):
+                getattr(layer, name).normal_(0.0, math.pow(layer.head_dim, -0.5))
+    if hasattr(layer, 'offset_range'):
+        layer.offset_range.reset()
 
 
 class TrainedOffsetRange(BaseModule):
-    """Per-axis record of the largest relative offset used while the tables learned.
+    """Per-axis record (AA: height, width; GSA: column, row) of the largest offset used while the tables learned.
 
     The record is a list of Python ints (no device synchronisation), saved through ``get_extra_state``;
     ``-1`` means nothing recorded (the whole table is used). While a graph is captured, nothing depends on
@@ -82,15 +87,13 @@ class TrainedOffsetRange(BaseModule):
 
     Args:
         max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
-        num_axes (int): tables recorded (AA: height and width; GSA: column and row).
-            Defaults to 2.
     """
 
-    def __init__(self, max_rel_dist: int, num_axes: int = 2):
+    def __init__(self, max_rel_dist: int):
         super().__init__()
         self.max_rel_dist = max_rel_dist
-        self.trained = [-1] * num_axes
-        self.register_buffer('graph_record', torch.full((num_axes,), -1), persistent=False)
+        self.trained = [-1, -1]
+        self.register_buffer('graph_record', torch.full((2,), -1), persistent=False)
         self.graph_recorded = False
 
     def reset(self):

@@ -1,10 +1,10 @@
 """Classification demo: generate shapes in mmpretrain's folder layout, pretrain a narrow
 AA-ResNet-18 from scratch with mmpretrain's classifier, report top-1
-(configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py).
+(configs/imagenet/aa-resnet18_1xb32-20e_shapes-cls.py).
 
     .venv/bin/python demo/classification_demo.py [--work-dir DIR] [--cfg-options k=v ...]
 
-The checkpoint it writes (WORK_DIR/epoch_10.pth) loads into a detector's backbone with
+The checkpoint it writes (WORK_DIR/epoch_20.pth) loads into a detector's backbone with
 init_cfg=dict(type='Pretrained', checkpoint=..., prefix='backbone.').
 """
 import argparse
@@ -26,7 +26,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--config', default=osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py'))
+    parser.add_argument('--config', default=osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-20e_shapes-cls.py'))
     parser.add_argument('--data-root', default=osp.join(ROOT, 'data/shapes_cls'))
     parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs/demo_shapes_cls'))
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)

@@ -20,7 +20,7 @@ from tool_output import own_stderr
 from tool_process import run_python
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-10e_shapes-cls.py')
+DEMO = osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-20e_shapes-cls.py')
 DET_PRETRAINED = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py')
 
 
@@ -226,7 +226,11 @@ def test_classification_demo_learns(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     top1 = float(out.stdout.strip().splitlines()[-1].split('top-1 = ')[1].split('%')[0])
-    assert top1 >= 60.0  # chance is 33.3%
+    assert top1 >= 90.0  # chance is 33.3%; 99.2-100% over 8 seeds
+    # the checkpoint the shapes-pretrained detection config loads
+    detector = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py')
+    checkpoint = Config.fromfile(detector, import_custom_modules=False).model.backbone.init_cfg.checkpoint
+    assert (tmp_path / 'work' / osp.basename(checkpoint)).is_file(), checkpoint
 
 
 IMAGENET_CONFIGS = sorted(glob.glob(osp.join(ROOT, 'configs/imagenet/*_in1k.py')))

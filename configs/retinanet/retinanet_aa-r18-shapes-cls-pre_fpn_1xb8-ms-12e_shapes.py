@@ -4,4 +4,4 @@
 #       --work-dir work_dirs/demo_shapes_pretrained
 _base_ = './retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py'
 model = dict(backbone=dict(init_cfg=dict(_delete_=True, type='Pretrained', prefix='backbone.',
-                                         checkpoint='work_dirs/demo_shapes_cls/epoch_10.pth')))
+                                         checkpoint='work_dirs/demo_shapes_cls/epoch_20.pth')))

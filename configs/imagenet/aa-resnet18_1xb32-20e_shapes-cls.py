@@ -33,7 +33,7 @@ val_dataloader = dict(batch_size=64, num_workers=1, persistent_workers=True,
 test_dataloader = val_dataloader
 val_evaluator = dict(type='Accuracy', topk=(1,))
 test_evaluator = val_evaluator
-max_epochs = 10
+max_epochs = 20
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict()
 test_cfg = dict()

@@ -1,6 +1,6 @@
 # Classification demo on generated shapes (aa_det.datasets.generate_shapes_folder writes
 # data/shapes_cls/{train,val}/<class>/*.png, mmpretrain's folder layout): a narrow AA-ResNet-18 from
-# scratch, under a minute on 2 CPU cores. Its backbone is the detection demo's, so its checkpoint
+# scratch, about 30 s on 2 CPU cores. Its backbone is the detection demo's, so its checkpoint
 # initialises configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py.
 _base_ = ['mmpretrain::_base_/models/resnet18.py', '../_base_/classification_runtime.py']
 model = dict(

@@ -7,10 +7,12 @@ from aa_det.models.layers import GlobalSelfAttention2d
 from kernel_references import gsa_qkv, gsa_reference
 
 
+@pytest.mark.parametrize('norm', ['BN', 'GN'])  # a batch norm reads the column layout as it is, GN the maps
 @pytest.mark.parametrize('H,W,max_dist', [(5, 3, 8), (4, 7, 3), (1, 1, 2)])
-def test_gsa_matches_loop_reference(H, W, max_dist):
+def test_gsa_matches_loop_reference(H, W, max_dist, norm):
     torch.manual_seed(0)
-    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, max_rel_dist=max_dist).double()
+    norm_cfg = dict(type='GN', num_groups=2) if norm == 'GN' else dict(type='BN')
+    gsa = GlobalSelfAttention2d(8, 8, num_heads=2, max_rel_dist=max_dist, norm_cfg=norm_cfg).double()
     x = torch.randn(2, 8, H, W, dtype=torch.float64, requires_grad=True)
     out = gsa(x)
     q, k, v = gsa_qkv(gsa, x)

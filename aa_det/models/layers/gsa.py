@@ -25,6 +25,7 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ...utils.compat import autocast_dtype
 from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
@@ -38,7 +39,7 @@ AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
 #: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
 #: ``q`` of column / content and of row attention, ``v`` of content, column and (without a column branch) row.
 AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
-CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 3, 2), (3, 0, 1, 4, 2)
+CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 2, 3), (3, 0, 1, 2, 4)  # [W, B, Nh, dvh, H], [H, .., W]
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -111,21 +112,21 @@ def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch
 
 
 def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
-    """One chunk of :class:`_AxialRelativeAttention`: ``[L, g, dk]``, ``[g, L, dv]``,
-    ``[L, dk, L]`` -> ``[g, L, dv]``."""
+    """One chunk of :class:`_AxialRelativeAttention`: ``[L, g, dk]``, ``[g, dv, L]``,
+    ``[L, dk, L]`` -> ``[g, dv, L]``."""
     logits = torch.bmm(q, emb)  # [L (x), g, L (i)]: q[g, x] . R[i - x], one GEMM per x
-    return torch.bmm(logits.transpose(0, 1), v)  # [g, L, dv]
+    return torch.bmm(v, logits.permute(1, 2, 0))  # [g, dv, L (x)]
 
 
 def _axial_chunks(q: Tensor, v: Tensor, emb: Tensor, chunk: int) -> Tensor:
-    """:func:`_axial_chunk` over chunks of ``chunk`` sequences: ``[G, L, dv]``."""
+    """:func:`_axial_chunk` over chunks of ``chunk`` sequences: ``[G, dv, L]``."""
     if chunk >= v.shape[0]:
         return _axial_chunk(q, v, emb)
     return torch.cat([_axial_chunk(q[:, s:s + chunk], v[s:s + chunk], emb) for s in range(0, v.shape[0], chunk)])
 
 
 class _AxialRelativeAttention(torch.autograd.Function):
-    """``out[g, x] = sum_i (q[x, g] . emb[x, :, i]) v[g, i]`` in chunks of at most ``chunk``
+    """``out[g, :, x] = sum_i (q[x, g] . emb[x, :, i]) v[g, :, i]`` in chunks of at most ``chunk``
     sequences ``g`` (one chunk when ``chunk`` covers them all); with a ``context``, content
     attention's product with the same ``q`` too (:func:`_content_product`).
 
@@ -139,7 +140,7 @@ class _AxialRelativeAttention(torch.autograd.Function):
         emb_low = emb.to(q.dtype)  # [L, dk, L], cast once for both passes
         ctx.save_for_backward(q, v, emb_low, context)
         ctx.chunk, ctx.emb_dtype = chunk, emb.dtype
-        out = _axial_chunks(q, v, emb_low, chunk)  # [G, L, dv]
+        out = _axial_chunks(q, v, emb_low, chunk)  # [G, dv, L]
         return out if context is None else (out, _content_product(q, context))
 
     @staticmethod
@@ -153,8 +154,8 @@ class _AxialRelativeAttention(torch.autograd.Function):
                 sl = slice(s, s + chunk)
                 qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, sl], v[sl], grad_out[sl])
                 logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
-                dvs.append(torch.bmm(logits.permute(1, 2, 0), gs))  # [g, L (i), dv]
-                dlogits = torch.bmm(gs, vs.transpose(1, 2)).transpose(0, 1)  # [L (x), g, L (i)]
+                dvs.append(torch.bmm(gs, logits.transpose(0, 1)))  # [g, dv, L (i)]
+                dlogits = torch.bmm(gs.transpose(1, 2), vs).transpose(0, 1)  # [L (x), g, L (i)]
                 dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
                 demb_chunk = torch.bmm(dlogits.transpose(1, 2), qs).transpose(1, 2)  # [L (x), dk, L (i)], emb's layout
                 demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
@@ -163,8 +164,11 @@ class _AxialRelativeAttention(torch.autograd.Function):
             if context is not None:  # content attention: context^T q
                 heads = context.shape[0]
                 dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
-                dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
-                dq = dq.permute(2, 0, 1).reshape(q.shape)  # [L, G, dk]
+                if graph_mode():  # not in place: a captured graph replays a mutated view, failing on symbolic sizes
+                    dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
+                    dq = dq.permute(2, 0, 1).reshape(q.shape)
+                else:  # in place, dq stays [L, G, dk]: no copy of it, no reordered copy back
+                    _content_queries(dq, heads).baddbmm_(context, grad_content)
             return dq, dv, demb, None, dcontext
 
 
@@ -197,17 +201,17 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
     chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
         qc = packed(q.permute(AXIAL_Q), dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
-        vc = packed(v.permute(4, 0, 1, 3, 2), dtype).view(G, H, -1)  # [G, H, dvh]
+        vc = packed(v.permute(COLUMN_V), dtype).view(G, -1, H)  # [G, dvh, H]
         if embeddings is None:
             embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
         emb = embeddings.transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
         if torch.is_grad_enabled() and not torch.jit.is_tracing():
-            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk, context)  # [G, H, dvh]
+            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk, context)  # [G, dvh, H]
         else:  # inference, trace and export: plain ops, no autograd.Function in the graph
             out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
             out = out if context is None else (out, _content_product(qc, context))
-    out, content = (out, None) if context is None else out  # [G, H, dvh], [B * Nh, dvh, HW]
-    out = out.view(W, B, Nh, H, -1).permute(1, 2, 4, 3, 0)  # [B, Nh, dvh, H, W]
+    out, content = (out, None) if context is None else out  # [G, dvh, H], [B * Nh, dvh, HW]
+    out = out.view(W, B, Nh, -1, H).permute(1, 2, 3, 4, 0)  # [B, Nh, dvh, H, W], laid out [W, B, Nh, dvh, H]
     return out if context is None else (out, content.view(B, Nh, -1, H, W))
 
 
@@ -351,6 +355,15 @@ class GlobalSelfAttention2d(BaseModule):
             return out * (trained / torch.sym_max(trained, length))
         return out * (trained / length) if length > trained else out
 
+    def normalize_column(self, pos: Tensor) -> Tensor:
+        """``norm_col`` on column attention's output ``[B, Nh, dvh, H, W]``, laid out ``[W, B, C, H]``: a batch
+        norm reads it as ``[W * B, C, H, 1]`` (the same values per channel), without a copy."""
+        B, _, _, H, W = pos.shape
+        if not isinstance(self.norm_col, _BatchNorm):  # per-sample norms (GN, LN) read each sample's maps
+            return self.norm_col(pos.reshape(B, -1, H, W)).view(pos.shape)
+        out = self.norm_col(pos.permute(4, 0, 1, 2, 3).reshape(W * B, -1, H, 1))  # [W * B, C, H, 1]
+        return out.view(W, B, self.num_heads, -1, H).permute(1, 2, 3, 4, 0)
+
     def init_weights(self):
         super().init_weights()
         reset_relative_tables(self, 'rel_col', 'rel_row')
@@ -383,7 +396,7 @@ class GlobalSelfAttention2d(BaseModule):
                 pos, out = pos
             pos = self.scale_axial(pos, 'column', H)
             if 'row' in self.components:
-                pos = self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
+                pos = self.normalize_column(pos)
         else:
             pos = ops.get('v_row')
         if 'row' in self.components:

@@ -145,12 +145,8 @@ class AAConv2d(BaseModule):
             reset_relative_tables(self, 'rel_h', 'rel_w')
 
     def relative_tables(self, h: int, w: int):
-        """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use (:class:`TrainedOffsetRange`).
-
-        Returns:
-            tuple: ``[2 mh - 1, dkh]`` and ``[2 mw - 1, dkh]`` tables, or ``(None, None)``
-            without relative position.
-        """
+        """The rows of ``rel_h`` / ``rel_w`` an ``h x w`` attention grid may use (:class:`TrainedOffsetRange`),
+        ``[2 mh - 1, dkh]`` and ``[2 mw - 1, dkh]``; ``(None, None)`` without relative position."""
         if self.position != 'relative':
             return None, None
         return self.offset_range.crop(self.rel_h, 0, h), self.offset_range.crop(self.rel_w, 1, w)
@@ -186,17 +182,10 @@ class AAConv2d(BaseModule):
         return {name: (params[name, 'weight'], params.get((name, 'bias'))) for name in convs}
 
     def qkv_heads(self, x: Tensor, params: Optional[tuple] = None):
-        """Queries, keys and values per head from the attention input; the logits' factor
-        ``dkh ** -0.5`` is ``self.scale``, applied by the kernel.
-
-        Args:
-            x (Tensor): the attention input, ``[B, C, h, w]``.
-            params (tuple, optional): ``qkv``'s weight and bias as :meth:`conv_params` gives them.
-                Defaults to the parameters.
-
-        Returns:
-            tuple: ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``.
-        """
+        """Queries, keys and values per head from the attention input ``x`` ``[B, C, h, w]``, through ``qkv``'s
+        weight and bias ``params`` (:meth:`conv_params`; default: the parameters): ``q, k`` ``[B, Nh, hw, dkh]``,
+        ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``. The logits' factor ``dkh ** -0.5`` is ``self.scale``, applied by the
+        kernel."""
         h, w = x.shape[-2:]
         sizes = (self.key_channels, self.key_channels, self.value_channels)
         qkv = self.qkv._conv_forward(x, *(params or (self.qkv.weight, self.qkv.bias)))  # [B, 2 dk + dv, h, w]: k, q, v

@@ -61,16 +61,9 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def content_context(k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
-    """``softmax_positions(K)^T V`` per head: content attention's context, a ``dkh x dvh``
-    matrix per head that every query reads.
-
-    Args:
-        k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
-        dtype (torch.dtype): of the product (:func:`compute_dtype`).
-
-    Returns:
-        Tensor: ``[B * Nh, dkh, dvh]`` in ``dtype``.
-    """
+    """``softmax_positions(K)^T V`` per head, content attention's context that every query reads: ``k``
+    ``[B, Nh, dkh, H, W]`` and ``v`` ``[B, Nh, dvh, H, W]`` -> ``[B * Nh, dkh, dvh]`` in ``dtype``
+    (:func:`compute_dtype`)."""
     B, Nh, dk = k.shape[:3]
     with torch.autocast(v.device.type, enabled=False):
         k = k.flatten(-2)  # [B, Nh, dkh, HW]
@@ -327,11 +320,7 @@ class GlobalSelfAttention2d(BaseModule):
 
     def relative_table(self, name: str, length: int) -> Tensor:
         """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length`` along that axis
-        may use (:class:`TrainedOffsetRange`).
-
-        Returns:
-            Tensor: ``[2m - 1, dkh]``.
-        """
+        may use (:class:`TrainedOffsetRange`): ``[2m - 1, dkh]``."""
         table = self.rel_col if name == 'column' else self.rel_row
         return self.offset_range.crop(table, 0 if name == 'column' else 1, length)
 

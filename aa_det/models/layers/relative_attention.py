@@ -83,15 +83,8 @@ def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tens
 
 def _block_probs(q: Tensor, k: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor], H: int,
                  W: int, lse: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """Softmax probabilities of one query block and their log-sum-exp.
-
-    Args:
-        q (Tensor): ``[B, Nh, n, d]`` a block of ``n`` queries; k (Tensor): ``[B, Nh, HW, d]``.
-        lse (Tensor | None): ``[B, Nh, n]`` known log-sum-exp (backward), else computed.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``[B, Nh, n, HW]`` probabilities and ``[B, Nh, n]`` lse.
-    """
+    """Softmax probabilities ``[B, Nh, n, HW]`` of a block ``q`` of ``n`` queries ``[B, Nh, n, d]`` over the keys
+    ``k`` ``[B, Nh, HW, d]``, and their log-sum-exp ``[B, Nh, n]`` (``lse``: known, in the backward)."""
     logits = _add_relative(q @ k.transpose(-1, -2), rel_h, rel_w, H, W)  # [B, Nh, n, HW]
     if lse is None:
         lse = torch.logsumexp(logits, -1)

@@ -48,8 +48,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
-from torch.utils.flop_counter import (FlopCounterMode, register_flop_formula, sdpa_backward_flop_count,  # noqa: E402
-                                      sdpa_flop_count)
+from torch.utils.flop_counter import (FlopCounterMode, baddbmm_flop, register_flop_formula,  # noqa: E402
+                                      sdpa_backward_flop_count, sdpa_flop_count)
 
 BACKBONES = {
     'ResNet-50': dict(type='ResNet', depth=50),
@@ -109,6 +109,10 @@ def _fused_sdpa_flops(q_shape, k_shape, v_shape, *args, **kwargs):
 @register_flop_formula(torch.ops.aa_bench.fused_sdpa_backward)
 def _fused_sdpa_backward_flops(grad_shape, q_shape, k_shape, v_shape, *args, **kwargs):
     return sdpa_backward_flop_count(grad_shape, q_shape, k_shape, v_shape)
+
+
+# the in-place product (GSA's content gradient) as the out-of-place one
+register_flop_formula(torch.ops.aten.baddbmm_, get_raw=True)(baddbmm_flop)
 
 
 def _focal_loss(pred, labels, gamma, alpha):

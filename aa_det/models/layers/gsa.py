@@ -349,7 +349,7 @@ class GlobalSelfAttention2d(BaseModule):
         norm reads it as ``[W * B, C, H, 1]`` (the same values per channel), without a copy."""
         B, _, _, H, W = pos.shape
         if not isinstance(self.norm_col, _BatchNorm):  # per-sample norms (GN, LN) read each sample's maps
-            return self.norm_col(pos.reshape(B, -1, H, W)).view(pos.shape)
+            return self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
         out = self.norm_col(pos.permute(4, 0, 1, 2, 3).reshape(W * B, -1, H, 1))  # [W * B, C, H, 1]
         return out.view(W, B, self.num_heads, -1, H).permute(1, 2, 3, 4, 0)
 

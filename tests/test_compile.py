@@ -90,8 +90,6 @@ def test_relative_index_gathers_compile_with_the_gpus_cat_lowering():
     concatenation lowered as one pointwise kernel, as inductor lowers it on GPUs (``force_pointwise_cat``
     on the CPU): a clamp in :func:`relative_index` became sympy Min / Max in that kernel's index and stopped
     inductor ("... is not comparable"; CUDA, AA-ResNet-50 and GSA-ResNet-50 at 640x640). Values as eager's."""
-    import torch.nn.functional as F
-
     from aa_det.models.layers.gsa import _axial_index
     from aa_det.models.layers.relative_attention import _fold_index
     torch._dynamo.reset()
@@ -99,7 +97,7 @@ def test_relative_index_gathers_compile_with_the_gpus_cat_lowering():
     products = torch.randn(12 * 10, 4 + 7 + 7 + 1)  # AA: a query's own 4 columns, both tables' rows, a zero
 
     def gathers(table, products):
-        return (F.embedding(_axial_index(12, 4, 10, 4, table.device), table),
+        return (table.index_select(0, _axial_index(12, 4, 10, 4, table.device)),
                 products.gather(-1, _fold_index(12, 10, 4, 7, 7, 2, products.device)))
 
     with torch._inductor.config.patch(force_pointwise_cat=True, fx_graph_cache=False):

@@ -227,7 +227,7 @@ def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype
     """
     Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
     tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
-    emb = F.embedding(size_constant(_axial_index, H, Mc, W, Mr, tables.device), tables).to(dtype)  # [H^2 + W^2, dkh]
+    emb = tables.index_select(0, size_constant(_axial_index, H, Mc, W, Mr, tables.device)).to(dtype)  # [H^2 + W^2, dkh]
     emb_col, emb_row = emb.split([H * H, W * W])  # its backward: one concatenation
     return emb_col.view(H, H, -1), emb_row.view(W, W, -1)
 

@@ -29,7 +29,6 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import Tensor
 
@@ -52,8 +51,8 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis, in one gather (``F.embedding``) through
-    :func:`relative_index`'s clipped offsets (a cached :func:`size_constant`).
+    """The table read at every (query, key) pair of an axis, in one gather (``index_select``, its gradient one
+    ``index_add_``) through :func:`relative_index`'s clipped offsets (a cached :func:`size_constant`).
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -63,7 +62,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
     M = (table.shape[0] + 1) // 2
-    return F.embedding(size_constant(relative_index, length, M, table.device), table)
+    index = size_constant(relative_index, length, M, table.device)  # [L, L]
+    return table.index_select(0, index.flatten()).view(length, length, -1)
 
 
 def reset_relative_tables(layer: torch.nn.Module, *names: str) -> None:

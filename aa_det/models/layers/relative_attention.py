@@ -187,7 +187,7 @@ def attention_sdpa_folded(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Ten
         q, fold = folded_queries(q, table_h, table_w, H, W, pad, dtype)  # [B, Nh, HW, d + H + W + pad]
         if fold is not None:
             columns = columns * fold  # a 0-d float32 factor: still float16
-        k = torch.cat([k.to(dtype).view(B, Nh, H, W, d), columns.expand(B, Nh, H, W, -1)], dim=-1).view(B, Nh, N, -1)
+        k = torch.cat([k.to(dtype), columns.view(1, 1, N, -1).expand(B, Nh, N, -1)], dim=-1)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale)
     return out[..., :dv]
 
@@ -235,11 +235,12 @@ def _gather(t: Tensor, index: Tensor) -> Tensor:
 
 
 def _pad_last(t: Tensor) -> Tensor:
-    """Zero-pad the last dim of ``t`` up to a multiple of 8 (one op; its backward is a view)."""
+    """Zero-pad the last dim of ``t`` to a multiple of 8: one concatenation with a cached zero (one CUDA kernel)."""
     # -n % 8 is the same number, but torch 2.4 - 2.5's inductor bounds it as empty (ValueRangeError)
     # where n is symbolic: their dynamo makes a module's int attributes (num_heads) symbolic with dynamic=True
     pad = (8 - t.shape[-1] % 8) % 8
-    return F.pad(t, (0, pad)) if pad else t
+    return torch.cat([t, size_constant(torch.zeros, pad, dtype=t.dtype, device=t.device).expand(*t.shape[:-1], pad)],
+                     -1) if pad else t
 
 
 def _fold_index(H: int, W: int, d: int, rows_h: int, rows_w: int, pad: int, device) -> Tensor:

@@ -30,19 +30,17 @@ CUDA_MULTI_KERNEL_OPS = ('embedding_dense_backward', 'constant_pad_nd')
 
 
 class _Ops(TorchDispatchMode):
-    """Counts aten ops that launch a kernel (as benchmarks/op_counts.py: no views, allocations), with the
-    names and output dims of those ops."""
+    """The aten ops that launch a kernel (as benchmarks/op_counts.py counts them: no views, allocations)."""
 
     def __init__(self):
         super().__init__()
-        self.count, self.ops = 0, []
+        self.ops = []  # (name, output dims)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.__name__.split('.')[0]
         if not func.is_view and isinstance(out, (torch.Tensor, tuple, list)) and \
                 name not in ('detach', 'empty', 'empty_like', 'empty_strided'):
-            self.count += 1
             self.ops.append((name, out.dim() if isinstance(out, torch.Tensor) else None))
         return out
 
@@ -182,7 +180,7 @@ def test_cuda_policy_kernel_launches_do_not_grow_with_batch_or_size(layer):
             with torch.autocast('cpu', dtype=torch.bfloat16):
                 out = module(x)
             out.float().sum().backward()
-        counts.append(ops.count)
+        counts.append(len(ops.ops))
         multi = [(name, dims) for name, dims in ops.ops if name in CUDA_MULTI_KERNEL_OPS or name == 'cat' and dims > 4]
         assert not multi, multi
     assert counts[0] == counts[1], counts
@@ -202,7 +200,7 @@ def test_aa_layer_casts_its_conv_parameters_in_one_op_each_way_under_autocast(mo
             with torch.autocast('cpu', dtype=torch.bfloat16):
                 out = conv(x)
             grads = torch.autograd.grad(out.float().sum(), list(conv.parameters()))
-        return out, grads, ops.count
+        return out, grads, len(ops.ops)
 
     together = run()
     monkeypatch.setattr(AAConv2d, 'conv_params', lambda self, device_type: {  # autocast casts each tensor itself

@@ -186,6 +186,19 @@ def test_cuda_policy_kernel_launches_do_not_grow_with_batch_or_size(layer):
     assert counts[0] == counts[1], counts
 
 
+def test_cuda_policy_gsa_copies_q_in_two_orders_and_v_once():
+    """Under the CUDA policy a GSA layer's forward copies its qkv output into the layouts its GEMMs read: ``q`` in
+    column and in row order, and ``v`` once, which content and column attention both read in place (the column
+    GEMMs with strided rows); row attention's ``v`` is a copy of the BatchNorm's output between the axes."""
+    torch.manual_seed(0)
+    module = GlobalSelfAttention2d(16, 16, num_heads=4)
+    ops = _Ops()
+    with force_policy('cuda'), ops, torch.autocast('cpu', dtype=torch.bfloat16):
+        module(torch.randn(2, 16, 9, 11))
+    copies = [name for name, dims in ops.ops if name in ('_to_copy', 'clone', 'copy_') and dims == 5]
+    assert copies == ['_to_copy'] * 3 + ['clone'], copies
+
+
 def test_aa_layer_casts_its_conv_parameters_in_one_op_each_way_under_autocast(monkeypatch):
     """Under bf16 autocast an AA layer casts the weights and biases of ``qkv``, ``proj`` and its convolutional part
     in one op, and their gradients back in one (``cast_together``): 10 casts become 2 casts and 2 concatenations,

@@ -37,9 +37,9 @@ __all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'gsa
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
 #: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
-#: ``q`` of column / content and of row attention, ``v`` of content, column and (without a column branch) row.
+#: ``q`` of column / content and of row attention, ``v`` of column / content and (without a column branch) row.
 AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
-CONTENT_V, COLUMN_V, ROW_V = (0, 1, 2, 3, 4), (4, 0, 1, 2, 3), (3, 0, 1, 2, 4)  # [W, B, Nh, dvh, H], [H, .., W]
+AXIAL_V, COLUMN_V, ROW_V = AXIAL_Q, (4, 0, 1, 2, 3), (3, 0, 1, 2, 4)  # [H, W, .., dvh], [W, .., dvh, H], [H, .., W]
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -194,7 +194,8 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
     chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
         qc = packed(q.permute(AXIAL_Q), dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
-        vc = packed(v.permute(COLUMN_V), dtype).view(G, -1, H)  # [G, dvh, H]
+        vc = v.permute(COLUMN_V)  # [W, B, Nh, dvh, H]: read in place where laid out so or as AXIAL_V (strided rows)
+        vc = (vc if v.permute(AXIAL_V).is_contiguous() and v.dtype == dtype else packed(vc, dtype)).view(G, -1, H)
         if embeddings is None:
             embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
         emb = embeddings.transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
@@ -307,14 +308,12 @@ class GlobalSelfAttention2d(BaseModule):
         # what each branch reads from the qkv output, laid out for its GEMMs (gsa_operands)
         self.operands = {}
         if 'content' in components or 'column' in components:
-            self.operands['q'] = (0, AXIAL_Q)  # content and column attention share it
+            self.operands.update(q=(0, AXIAL_Q), v=(2, AXIAL_V))  # content and column attention share both
         if 'row' in components:
             self.operands['q_row'] = (0, ROW_Q)
         if 'content' in components:
-            self.operands.update(k=(1, None), v=(2, CONTENT_V))
-        if 'column' in components:
-            self.operands['v_column'] = (2, COLUMN_V)
-        elif 'row' in components:
+            self.operands['k'] = (1, None)
+        if 'row' in components and 'column' not in components:
             self.operands['v_row'] = (2, ROW_V)
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
@@ -377,7 +376,7 @@ class GlobalSelfAttention2d(BaseModule):
             emb_col, emb_row = axial_embeddings(self.relative_table('column', H), self.relative_table('row', W),
                                                 H, W, ops['q'].dtype)
         if 'column' in self.components:
-            pos = column_attention(ops['q'], ops['v_column'], None if emb_col is not None else
+            pos = column_attention(ops['q'], ops['v'], None if emb_col is not None else
                                    self.relative_table('column', H), embeddings=emb_col,
                                    context=content_context(ops['k'], ops['v'], ops['q'].dtype)
                                    if 'content' in self.components else None)

@@ -189,7 +189,7 @@ def test_cuda_policy_kernel_launches_do_not_grow_with_batch_or_size(layer):
 def test_cuda_policy_gsa_copies_q_in_two_orders_and_v_once():
     """Under the CUDA policy a GSA layer's forward copies its qkv output into the layouts its GEMMs read: ``q`` in
     column and in row order, and ``v`` once, which content and column attention both read in place (the column
-    GEMMs with strided rows); row attention's ``v`` is a copy of the BatchNorm's output between the axes."""
+    GEMMs with its columns strided); row attention's ``v`` is a copy of the BatchNorm's output between the axes."""
     torch.manual_seed(0)
     module = GlobalSelfAttention2d(16, 16, num_heads=4)
     ops = _Ops()

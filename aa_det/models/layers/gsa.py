@@ -194,7 +194,7 @@ def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems:
     chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
     with torch.autocast(q.device.type, enabled=False):  # one dtype inside
         qc = packed(q.permute(AXIAL_Q), dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
-        vc = v.permute(COLUMN_V)  # [W, B, Nh, dvh, H]: read in place where laid out so or as AXIAL_V (strided rows)
+        vc = v.permute(COLUMN_V)  # [W, B, Nh, dvh, H]: read in place where laid out so or as AXIAL_V (strided g)
         vc = (vc if v.permute(AXIAL_V).is_contiguous() and v.dtype == dtype else packed(vc, dtype)).view(G, -1, H)
         if embeddings is None:
             embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)

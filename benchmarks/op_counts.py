@@ -13,8 +13,9 @@ backward. Per model:
 
 * ``ops``: aten ops dispatched (``TorchDispatchMode``, forward and backward), except those
   that launch no kernel on a GPU: views (``OpOverload.is_view``: ``view``, ``transpose``,
-  ``expand``, ``slice``, ``detach``, ...), allocations (``empty*``) and ops returning no
-  tensor (``promote_types``). Every other op is one or more kernel launches on CUDA; at
+  ``expand``, ``slice``, ``detach``, ...), allocations (``empty*``), ops returning no
+  tensor (``promote_types``) and Python numbers wrapped as 0-d CPU tensors (``scalar_tensor``,
+  e.g. ``torch.where(mask, t, 1.0)``'s ``1.0``: CUDA kernels read it as a host scalar). Every other op is one or more kernel launches on CUDA; at
   these sizes on an H100 each costs ~10-20 us beyond its arithmetic. The CPU has no fused
   kernel for the folded AA attention (its value head dim differs from the key's), so
   ``F.scaled_dot_product_attention`` is counted as CUDA runs it: one op forward, one
@@ -68,7 +69,8 @@ GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution', 'convolution_backwar
             '_scaled_dot_product', 'matmul', 'linear')
 
 
-NO_KERNEL_OPS = ('detach', '_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided')
+NO_KERNEL_OPS = ('detach', '_unsafe_view', 'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided',
+                 'scalar_tensor')
 _sdpa = F.scaled_dot_product_attention
 
 

@@ -15,9 +15,9 @@ backward. Per model:
   that launch no kernel on a GPU: views (``OpOverload.is_view``: ``view``, ``transpose``,
   ``expand``, ``slice``, ``detach``, ...), allocations (``empty*``), ops returning no
   tensor (``promote_types``) and Python numbers wrapped as 0-d CPU tensors (``scalar_tensor``,
-  e.g. ``torch.where(mask, t, 1.0)``'s ``1.0``: CUDA kernels read it as a host scalar). Every other op is one or more kernel launches on CUDA; at
-  these sizes on an H100 each costs ~10-20 us beyond its arithmetic. The CPU has no fused
-  kernel for the folded AA attention (its value head dim differs from the key's), so
+  e.g. ``torch.where(mask, t, 1.0)``'s ``1.0``: CUDA kernels read it as a host scalar). Every other op is
+  one or more kernel launches on CUDA; at these sizes on an H100 each costs ~10-20 us beyond its
+  arithmetic. The CPU has no fused kernel for the folded AA attention (its value head dim differs from the key's), so
   ``F.scaled_dot_product_attention`` is counted as CUDA runs it: one op forward, one
   backward (a custom op wrapping the CPU's math kernel, with SDPA's FLOP formulas).
 * ``GFLOP``: ``torch.utils.flop_counter.FlopCounterMode`` (GEMMs, convolutions, SDPA).

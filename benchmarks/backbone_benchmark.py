@@ -44,7 +44,8 @@ from PIL import Image, ImageDraw
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from aa_det.datasets.synthetic_shapes import write_coco_split  # noqa: E402
+sys.path[1:1] = [osp.join(ROOT, 'tools'), osp.join(ROOT, 'demo')]
+from synthetic_shapes import write_coco_split  # noqa: E402
 DEMO = osp.join(ROOT, 'configs/retinanet/retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
 GSA = osp.join(ROOT, 'configs/retinanet/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py')  # the demo recipe
 CLASSES = ('circle', 'square', 'triangle', 'diamond', 'star', 'cross', 'ring', 'hexagon', 'half_disc', 'arrow')
@@ -191,7 +192,8 @@ def options(data_root: str, seed: int, epochs: int, backbone: str, extra: dict) 
 
 def run_one(backbone: str, seed: int, epochs: int, data_root: str, work_dir: str, extra: dict) -> dict:
     """Train (or reuse) one detector and test it on every split: ``{split: mAP}``."""
-    from aa_det.engine import NonFiniteOutputError, build_runner, load_config
+    from aa_det.engine import NonFiniteOutputError
+    from config_runner import build_runner, load_config
     opts = options(data_root, seed, epochs, backbone, extra)
     checkpoint = osp.join(work_dir, f'epoch_{epochs}.pth')
     if not osp.isfile(checkpoint):

@@ -92,13 +92,14 @@ def run_case(name, device, steps, warmup, amp, batch, aa_impl=None, amp_dtype='f
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
 
-    from aa_det.engine import load_config
-    cfg = load_config(osp.join(ROOT, CONFIGS[name]))  # FocalLoss -> Float32FocalLoss (bf16 logits in float32)
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    cfg = Config.fromfile(osp.join(ROOT, CONFIGS[name]))
     if aa_impl and cfg.model.backbone.type == 'AAResNet':
         cfg.model.backbone.attention = dict(impl=aa_impl)
     init_default_scope('mmdet')
     torch.manual_seed(0)
-    model = MODELS.build(cfg.model).to(device)
+    model = revert_sync_batchnorm(MODELS.build(cfg.model)).to(device)  # one process: BN for SyncBN
     model.init_weights()
     if compile_backbone:
         model.backbone = torch.compile(model.backbone, mode=compile_backbone)

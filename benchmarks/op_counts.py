@@ -283,16 +283,17 @@ def build(name, step, norm_eval, with_cp):
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
-    from aa_det.engine import load_config
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
     init_default_scope('mmdet')
     if not step:
         return MODELS.build(dict(BACKBONES[name], out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=norm_eval,
                                  with_cp=with_cp))
-    cfg = load_config(CONFIGS[name])
+    cfg = Config.fromfile(CONFIGS[name])
     cfg.model.backbone.update(norm_eval=norm_eval, with_cp=with_cp)
     if cfg.model.backbone.type == 'GSAResNet':  # None: every stage, the class's default
         cfg.model.backbone.stage_with_attention = BACKBONES[name].get('stage_with_attention')
-    return MODELS.build(cfg.model)
+    return revert_sync_batchnorm(MODELS.build(cfg.model))  # one process: BN for the config's SyncBN
 
 
 def detection_samples(batch, size):

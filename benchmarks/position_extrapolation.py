@@ -35,13 +35,14 @@ import sys
 import time
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(ROOT, 'tools', 'env'))
+sys.path[1:1] = [osp.join(ROOT, 'tools'), osp.join(ROOT, 'tools', 'env'), osp.join(ROOT, 'demo')]
 from env_check import require_env  # noqa: E402
 
 require_env()
 
-from aa_det.datasets import generate_shapes_coco, generate_shapes_split  # noqa: E402
-from aa_det.engine import NonFiniteOutputError, build_runner, load_config  # noqa: E402
+from aa_det.engine import NonFiniteOutputError  # noqa: E402
+from config_runner import build_runner, load_config  # noqa: E402
+from synthetic_shapes import generate_shapes_coco, generate_shapes_split  # noqa: E402
 
 CONFIG = osp.join(ROOT, 'configs/retinanet/retinanet_gsa-r26-scratch_fpn_1xb8-ms-12e_shapes.py')
 #: trained form -> the forms its checkpoint is evaluated in

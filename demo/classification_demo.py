@@ -11,15 +11,15 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+sys.path[1:1] = [osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', sub) for sub in ('', 'env')]
 from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.datasets import generate_shapes_folder  # noqa: E402
-from aa_det.engine import build_runner, load_config  # noqa: E402
+from config_runner import build_runner, load_config  # noqa: E402
+from synthetic_shapes import generate_shapes_folder  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 

@@ -16,7 +16,7 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+sys.path[1:1] = [osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', sub) for sub in ('', 'env')]
 from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
@@ -29,13 +29,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmdet.registry import MODELS  # noqa: E402
+from mmengine.model import revert_sync_batchnorm  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from aa_det.engine import ConfigError, load_config  # noqa: E402
+from aa_det.utils import ConfigError, mmengine_checkpoint_globals  # noqa: E402
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d  # noqa: E402
 from attention_maps import attention_weights  # noqa: E402
+from config_runner import load_config  # noqa: E402
 
 MEAN, STD = np.array([123.675, 116.28, 103.53]), np.array([58.395, 57.12, 57.375])
 
@@ -55,7 +57,7 @@ def parse_args():
 
 def load_image(path, size):
     if path is None:
-        from aa_det.datasets.synthetic_shapes import _scene
+        from synthetic_shapes import _scene
         image, _ = _scene(np.random.default_rng(0), size, 4, size)
     else:
         if not osp.isfile(path):
@@ -86,8 +88,9 @@ def main():
     if not osp.isfile(args.checkpoint):
         raise ConfigError(f'checkpoint file not found: {args.checkpoint}')
     init_default_scope(cfg.get('default_scope', 'mmdet'))
-    model = MODELS.build(cfg.model)
-    load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
+    model = revert_sync_batchnorm(MODELS.build(cfg.model))  # a single process: BN for the config's SyncBN
+    with mmengine_checkpoint_globals():
+        load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
     backbone = model.backbone
     backbone.eval()
     layer = dict(backbone.named_modules()).get(args.layer)

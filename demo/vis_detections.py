@@ -15,7 +15,7 @@ import os
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'env'))
+sys.path[1:1] = [osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', sub) for sub in ('', 'env')]
 from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
@@ -27,8 +27,8 @@ from mmdet.registry import DATASETS, VISUALIZERS  # noqa: E402
 from mmdet.utils.misc import IMG_EXTENSIONS  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.engine import load_config  # noqa: E402
 from aa_det.utils import mmengine_checkpoint_globals  # noqa: E402
+from config_runner import load_config  # noqa: E402
 
 
 def parse_args():
@@ -106,7 +106,8 @@ def main():
     cfg = load_config(args.config, cfg_options=args.cfg_options)
 
     has_classes = checkpoint_has_classes(args.checkpoint)
-    model = init_detector(cfg, args.checkpoint, device=args.device)
+    with mmengine_checkpoint_globals():
+        model = init_detector(cfg, args.checkpoint, device=args.device)
     source = f'the meta of {args.checkpoint}'
     if not has_classes:
         source = f'{args.config} (test_dataloader.dataset metainfo)'

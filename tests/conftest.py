@@ -1,7 +1,14 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules; the tools' and the demo's modules (``config_runner``,
+``synthetic_shapes``, ...) importable, as their scripts import them."""
+import os.path as osp
+import sys
+
 import pytest
 
-from aa_det.datasets import generate_shapes_coco
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path += [osp.join(ROOT, 'tools'), osp.join(ROOT, 'tools', 'analysis_tools'), osp.join(ROOT, 'demo')]
+
+from synthetic_shapes import generate_shapes_coco  # noqa: E402
 
 
 @pytest.fixture(scope='module')

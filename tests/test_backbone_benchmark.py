@@ -10,7 +10,7 @@ import torch
 from mmdet.registry import MODELS
 from mmengine.registry import init_default_scope
 
-from aa_det.engine import load_config
+from config_runner import load_config
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.join(ROOT, 'benchmarks'))

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from mmdet.registry import MODELS
 
-from aa_det.evaluation.bn_statistics import RunningStatisticsGap, batch_statistics, shared_head_norms
+from aa_det.engine.hooks import shared_head_norms
+from bn_statistics import RunningStatisticsGap, batch_statistics
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_process import run_python

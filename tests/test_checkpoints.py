@@ -10,7 +10,8 @@ import zipfile
 import pytest
 import torch
 
-from aa_det.engine import ConfigError, NonFiniteLossError, NonFiniteOutputError, build_runner, load_config
+from aa_det.engine import ConfigError, NonFiniteLossError, NonFiniteOutputError
+from config_runner import build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr

@@ -11,9 +11,10 @@ import torch
 from mmengine.config import Config
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
-from aa_det.datasets import generate_shapes_folder
-from aa_det.engine import check_classification_data
-from aa_det.engine import ConfigError, build_runner, load_config
+from aa_det.utils import ConfigError
+from config_checks import check_classification_data
+from config_runner import build_runner, load_config
+from synthetic_shapes import generate_shapes_folder
 
 from demo_config import demo_options
 from tool_output import own_stderr

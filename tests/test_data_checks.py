@@ -11,7 +11,8 @@ import pytest
 from mmengine.hooks import Hook
 
 from aa_det.datasets.checked_coco import missing_files, skip_reason
-from aa_det.engine import ConfigError, build_runner, load_config
+from aa_det.utils import ConfigError
+from config_runner import build_runner, load_config
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr

@@ -120,16 +120,20 @@ def _runner(work_dir, max_epochs, resume, load_from=None):
                   train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
                   param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True, begin=0, end=10),
-                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+                  default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
+                                     check_checkpoint=dict(type='CheckpointCheckHook')),
                   resume=resume, load_from=load_from, default_scope='mmdet')
 
 
 @SAFE_GLOBALS
 def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
-    """The allow-list applies to mmengine's checkpoint loader only: resume and load_from work,
-    a plain torch.load(weights_only=True) in the same process still refuses the checkpoint."""
-    import aa_det  # noqa: F401  wraps mmengine's local checkpoint loader
+    """With ``CheckpointCheckHook`` (as ``configs/_base_/default_runtime.py`` names it) the allow-list
+    applies to mmengine's checkpoint loader only, during the run: resume and load_from work, a plain
+    torch.load(weights_only=True) in the same process still refuses the checkpoint, and after the run
+    mmengine's own loader is back."""
+    import aa_det  # noqa: F401  registers the hook
     from mmengine.logging.history_buffer import HistoryBuffer
+    from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
 
     from aa_det.utils import mmengine_safe_globals
     _runner(tmp_path, 1, False).train()
@@ -149,8 +153,18 @@ def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
     loaded.load_or_resume()
     assert torch.equal(loaded.model.linear.weight, runner.model.linear.weight)
     assert HistoryBuffer not in torch.serialization.get_safe_globals()  # the allow-list was scoped
+    assert CheckpointLoader._get_checkpoint_loader('x.pth') is load_from_local  # restored by after_run
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(tmp_path / 'epoch_2.pth', map_location='cpu', weights_only=True)
+
+
+def test_import_changes_no_other_library():
+    """``import aa_det`` registers modules and leaves mmengine's checkpoint loading as it was (a fresh
+    interpreter: the tests' own process has run hooks)."""
+    code = ('from mmengine.runner.checkpoint import CheckpointLoader as C, load_from_local as f\n'
+            'before = dict(C._schemes)\nimport aa_det\nassert C._schemes == before and C._schemes[""] is f\n')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_tools_fail_clearly_outside_the_environment(tmp_path):

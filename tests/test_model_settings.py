@@ -10,10 +10,11 @@ import torch
 from mmcv.cnn.bricks.conv_ws import ConvWS2d
 from mmdet.registry import MODELS
 
-from aa_det.datasets import generate_shapes_coco
-from aa_det.engine import ConfigError, build_runner, load_config
-from aa_det.engine.checks import check_model_config, coco_category_names
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
+from aa_det.utils import ConfigError
+from config_checks import check_model_config
+from config_runner import build_runner, load_config
+from synthetic_shapes import generate_shapes_coco
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_process import run_python

@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from aa_det.datasets import CLASSES, generate_shapes_coco
-from aa_det.engine import load_config
+from config_runner import load_config
+from synthetic_shapes import CLASSES, generate_shapes_coco
 
 from demo_config import DEMO, ROOT
 from tool_process import run_python

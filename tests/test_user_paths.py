@@ -10,9 +10,10 @@ import re
 import pytest
 import torch
 
-from aa_det.datasets import generate_shapes_coco
-from aa_det.engine import ConfigError, build_runner, check_coco_annotation, load_config
+from aa_det.utils import ConfigError
 from aa_det.utils.compat import autocast_dtype
+from config_runner import build_runner, load_config
+from synthetic_shapes import generate_shapes_coco
 
 from demo_config import DEMO, ROOT, demo_options
 from tool_process import run_python

@@ -29,7 +29,8 @@ from mmengine.config import DictAction  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from aa_det.datasets.checked_coco import naming_json_errors, skip_reason  # noqa: E402
-from aa_det.engine import ConfigError, load_config  # noqa: E402
+from aa_det.utils import ConfigError  # noqa: E402
+from config_runner import load_config  # noqa: E402
 
 EXAMPLES = 3
 

@@ -16,7 +16,8 @@ require_env()
 
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.engine import ConfigError, build_runner, close_process_group, load_config  # noqa: E402
+from aa_det.utils import ConfigError  # noqa: E402
+from config_runner import build_runner, close_process_group, load_config  # noqa: E402
 
 
 def parse_args():

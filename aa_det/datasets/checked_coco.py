@@ -1,8 +1,13 @@
 """mmdet's ``CocoDataset`` with what it does silently said out loud.
 
-:func:`aa_det.engine.load_config` substitutes :class:`CheckedCocoDataset` for
-``CocoDataset`` in the dataloaders. Same arguments, samples and metainfo; in
-addition, when the dataset is built (before the first iteration):
+Our dataset bases (``configs/_base_/datasets/``) name :class:`CheckedCocoDataset`
+in the dataloaders. Same arguments, samples and metainfo; in addition, when the
+dataset is built (before the first iteration):
+
+* a missing annotation file, or one that is no COCO dict, is named;
+* the classes (``metainfo.classes``, or the dataset's own) must be among the
+  file's ``categories``, in its order (mmdet would skip a missing one, or number
+  the labels in the file's order and name them in the config's);
 
 * a JSON syntax error names the file, line and column;
 * the annotations mmdet skips (zero-size boxes, boxes outside the image as the
@@ -160,16 +165,38 @@ class CheckedCocoDataset(CocoDataset):
     """
 
     def load_data_list(self) -> List[dict]:
-        """mmdet's, counting skipped annotations; a JSON syntax error names the file."""
+        """mmdet's, counting skipped annotations; a missing file, a JSON syntax error, a file that is no
+        COCO dict and classes that are not the file's categories in its order are named."""
         self.skipped, self.num_annotations, self._ids_checked = Counter(), 0, False
+        if self.backend_args is None and not osp.isfile(self.ann_file):
+            raise ConfigError(f'annotation file not found: {self.ann_file}')
         try:
             with naming_json_errors(self.ann_file):
-                return super().load_data_list()
+                data_list = super().load_data_list()
         except KeyError as e:  # pycocotools indexes only the keys it finds at the top level
             if e.args and e.args[0] in ('images', 'annotations', 'categories'):
                 raise ConfigError(f'annotation file has no top-level {e.args[0]!r}: {self.ann_file}: '
                                   f'{nesting_hint(self.ann_file)}') from None
             raise
+        except AssertionError:  # pycocotools: 'annotation file format ... not supported'
+            raise ConfigError(f'annotation file is not a JSON object ({{...}}): {self.ann_file}: '
+                              f'{nesting_hint(self.ann_file)}') from None
+        self._check_classes()
+        return data_list
+
+    def _check_classes(self):
+        """The dataset's classes are among the file's categories, in the file's order: mmdet numbers
+        the labels in the file's order and skips the annotations of a class it does not find."""
+        names = [cat.get('name') for cat in self.coco.dataset['categories']]
+        classes = tuple(self.metainfo['classes'])
+        missing = [c for c in classes if c not in names]
+        if missing:
+            raise ConfigError(f'metainfo.classes: {", ".join(map(repr, missing))} not among the categories of '
+                              f'{self.ann_file} ({", ".join(map(repr, names))})')
+        in_file_order = tuple(n for n in names if n in classes)
+        if classes != in_file_order:
+            raise ConfigError(f'metainfo.classes={classes} are in another order than the categories of '
+                              f"{self.ann_file}; mmdet numbers the labels in the file's order: {in_file_order}")
 
     def _check_ids(self, anns: List[dict]):
         """Category ids are ints (strings never match, and mmdet finds no annotation at all)."""
@@ -210,6 +237,9 @@ class CheckedCocoDataset(CocoDataset):
         paths = [info['img_path'] for info in data_list]
         if self.backend_args is None and paths and '://' not in paths[0]:
             missing = missing_files(paths)
+            folder = osp.dirname(missing[0]) if missing else ''
+            if missing and not osp.isdir(folder):
+                raise ConfigError(f'image folder not found: {folder} (data_prefix.img), listed in {self.ann_file}')
             if missing:
                 raise ConfigError(f'{len(missing)} of {len(paths)} images listed in {self.ann_file} are missing, '
                                   f'first: {missing[0]}')

@@ -1,13 +1,12 @@
-"""Checkpoints checked before a run spends time on them.
+"""Checkpoints loaded safely and checked before a run loads them: :class:`CheckpointCheckHook`.
 
-mmengine loads ``load_from`` / ``--resume`` checkpoints only once the data
-and the model are built, then loads whatever keys match (a warning among
-hundreds of log lines) and trusts the values. :func:`check_run_checkpoint`
-(called by :func:`aa_det.engine.build_runner`) reads the checkpoint first,
-through mmengine's own loader, and turns every way it can be unusable into one
-:class:`ConfigError` naming the file: unreadable (empty, truncated, not a
-checkpoint), damaged bytes (the zip archive's CRC-32 of every entry), non-finite
-values, or keys that do not fit the model.
+mmengine loads ``load_from`` / ``resume`` checkpoints with whatever keys match (a warning among
+hundreds of log lines) and trusts the values; on torch >= 2.6 its loader refuses its own Runner
+checkpoints (``torch.load(weights_only=True)``: ``Unsupported global: ...HistoryBuffer``). The hook,
+which ``configs/_base_/default_runtime.py`` names, makes mmengine's local loader accept them for the
+run, and turns every way the checkpoint can be unusable into one :class:`ConfigError` naming the file:
+unreadable (empty, truncated, not a checkpoint), damaged bytes (the zip archive's CRC-32 of every
+entry), non-finite values, or keys that do not fit the model.
 """
 import glob
 import os.path as osp
@@ -17,10 +16,15 @@ import zlib
 from typing import Optional
 
 import torch
+from mmdet.registry import HOOKS
+from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
+from mmengine.model import is_model_wrapper
+from mmengine.runner import BaseLoop
+from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint, find_latest_checkpoint, load_from_local
 
 from ..utils.errors import ConfigError
+from ..utils.safe_load import mmengine_checkpoint_globals
 
 # Keys that may differ when ``load_from`` fine-tunes a detector to other classes: the
 # classification layers of the detection heads (RetinaNet's ``retina_cls``, the FCOS /
@@ -33,8 +37,7 @@ def damaged_zip_entry(path: str) -> Optional[str]:
 
     ``torch.save`` writes a zip archive with a CRC-32 per entry, which ``torch.load`` does not
     verify: damaged tensor bytes load as wrong (often finite) weights. The entries are stored
-    uncompressed, so the check reads the file once (0.1 s for a ResNet-50-sized checkpoint, see
-    docs/design.md). A file that is no zip archive (the legacy format, truncated files) is left
+    uncompressed, so the check reads the file once. A file that is no zip archive (the legacy format, truncated files) is left
     to the loader.
     """
     if not zipfile.is_zipfile(path):
@@ -178,22 +181,27 @@ def latest_usable_checkpoint(work_dir: str) -> Optional[tuple]:
                                      'holds no other epoch_*.pth / iter_*.pth')
 
 
-def check_run_checkpoint(cfg) -> Optional[tuple]:
-    """Read and check the checkpoint a run will load (``cfg.load_from``, or the latest one of
-    ``cfg.work_dir`` for ``resume=True`` without ``load_from``), before the Runner is built.
-    For an auto-resume whose latest checkpoint is unusable, ``cfg.load_from`` becomes the
-    newest usable one.
+def load_from_local_safely(filename, map_location):
+    """mmengine's loader of local files, with mmengine's checkpoint types allowed by torch's safe loading."""
+    with mmengine_checkpoint_globals():
+        return load_from_local(filename, map_location)
+
+
+def run_checkpoint(runner) -> Optional[tuple]:
+    """Read and check the checkpoint the Runner will load (``load_from``, or for ``resume``
+    without one the latest of its work dir). An auto-resume whose latest checkpoint is unusable
+    resumes from the newest usable one instead.
 
     Returns:
-        tuple[str, dict, str] | None: The path, the checkpoint and a line to log
-        (``''``: none); None when the run loads no checkpoint.
+        tuple[str, dict, str] | None: The path, the checkpoint and a line to log (``''``: none);
+        None when the run loads no checkpoint.
     """
-    if cfg.get('resume') and cfg.get('load_from') is None:
-        found = latest_usable_checkpoint(cfg.work_dir)
+    path = runner._load_from
+    if runner._resume and path is None:
+        found = latest_usable_checkpoint(runner.work_dir)
         if found is not None:
-            cfg.load_from = found[0]
+            runner._load_from = found[0]  # what load_or_resume resumes from
         return found
-    path = cfg.get('load_from')
     if path is None or '://' in path:  # URLs and other schemes are left to mmengine
         return None
     if not osp.isfile(path):
@@ -201,30 +209,18 @@ def check_run_checkpoint(cfg) -> Optional[tuple]:
     return path, usable_checkpoint(path), ''
 
 
-def check_checkpoint_fits(cfg, model: torch.nn.Module, path: str, checkpoint: dict, training: bool):
+def check_checkpoint_fits(model: torch.nn.Module, path: str, checkpoint: dict, resume: bool, training: bool):
     """The checkpoint ``path`` loads cleanly into ``model``.
-
-    Args:
-        cfg (Config): The run's config (``resume``, ``partial_load``).
-        model (nn.Module): The unwrapped model.
-        path (str): The checkpoint file, for the messages.
-        checkpoint (dict): What :func:`check_run_checkpoint` read from it.
-        training (bool): The run trains (``load_from`` may then fine-tune).
-
 
     * ``resume``: every key, exactly (a run resumes only from its own checkpoints).
     * ``load_from`` for training: every key but the heads' classification layers
       (:data:`FINE_TUNE_KEYS`: fine-tuning to other classes); those left out are logged.
-    * ``load_from`` for testing (``tools/test.py``): every key, exactly.
-    * ``partial_load=True`` in the config (``--partial-load``): anything; what does not
-      fit is left to mmengine, which loads the matching keys and logs the rest.
+    * ``load_from`` for testing: every key, exactly.
     """
-    if cfg.get('partial_load'):
-        return
     state = state_dict_of(checkpoint)
-    fine_tune = training and not cfg.get('resume')
-    hint = ('' if cfg.get('resume') else '; to load the keys that fit and initialise the others, pass '
-            '--partial-load (or partial_load=True in the config)')
+    fine_tune = training and not resume
+    hint = '' if resume else ('; to load the keys that fit and initialise the others, pass --partial-load '
+                              '(or partial_load=True in the config)')
     try:
         check_fits_model(model, state, path, FINE_TUNE_KEYS if fine_tune else None)
     except ConfigError as e:
@@ -235,3 +231,35 @@ def check_checkpoint_fits(cfg, model: torch.nn.Module, path: str, checkpoint: di
         if differ:
             print_log(f'aa_det: load_from {path}: {len(differ)} classification-layer keys do not fit and keep '
                       f'their initialisation (first: {differ[0]})', logger='current', level=30)
+
+
+@HOOKS.register_module()
+class CheckpointCheckHook(Hook):
+    """Load the run's checkpoints with torch's safe loading, after checking the one it resumes or loads.
+
+    From ``before_run`` to ``after_run``, mmengine's loader of local files (``load_from``,
+    ``resume``, ``Pretrained`` ``init_cfg``) allows the types mmengine's own checkpoints hold
+    (:func:`aa_det.utils.mmengine_checkpoint_globals`). In ``before_run``, after the datasets
+    are built and before the weights are initialised or loaded, the checkpoint the run will load
+    is read (:func:`usable_checkpoint`) and must fit the model (:func:`check_checkpoint_fits`);
+    ``partial_load=True`` in the config (``tools/train.py --partial-load``) lets one that does not
+    fit load its matching keys.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def before_run(self, runner) -> None:
+        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local_safely, force=True)
+        found = run_checkpoint(runner)
+        if found is None:
+            return
+        path, checkpoint, note = found
+        if note:
+            runner.logger.warning(note)
+        if not runner.cfg.get('partial_load'):
+            model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+            training = isinstance(runner._train_loop, BaseLoop)  # built by Runner.train() only
+            check_checkpoint_fits(model, path, checkpoint, bool(runner._resume), training)
+
+    def after_run(self, runner) -> None:
+        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)

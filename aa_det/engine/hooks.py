@@ -10,18 +10,23 @@
   predicts nothing, so COCO mAP alone would read as a poor model, not a broken one).
 * ``CompileBackboneHook``: ``torch.compile`` of the backbone's forward only, in one graph
   (``fullgraph=True``) for every size with ``dynamic=True``. mmengine's Runner option ``compile``
-  compiles the whole ``train_step`` instead (it runs with what :func:`aa_det.engine.load_config`
-  sets for it), with graph breaks in mmdet's target assignment and logging; the attention kernels
-  are in the backbone (docs/design.md, "Compiling and exporting").
+  compiles the whole ``train_step`` instead (with what ``tools/config_runner.py`` sets for it), with
+  graph breaks in mmdet's target assignment and logging; the attention kernels are in the backbone (docs/design.md, "Compiling and exporting").
 * ``EagerDataPreprocessorHook``: the data preprocessor outside ``torch.compile``, for the Runner's
   ``compile`` option (``load_config`` adds it).
 * ``StaticModuleIntsHook``: the modules' int attributes traced as constants under the Runner's
   ``compile`` option on torch < 2.6, as from 2.6 on (``load_config`` adds it).
+* ``NumClassesCheckHook``: mmdet's ``NumClassCheckHook`` with one clear line, for the validation set
+  before training and for the test set too.
+* ``HeadNormCheckHook``: one warning when a dense head applies its BatchNorms to every FPN level.
+
+``load_config`` (``tools/config_runner.py``) is the tools' command-line semantics.
 """
-from typing import Optional
+from types import SimpleNamespace
+from typing import List, Optional, Tuple
 
 import torch
-from mmdet.engine.hooks import CheckInvalidLossHook
+from mmdet.engine.hooks import CheckInvalidLossHook, NumClassCheckHook
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
@@ -231,7 +236,7 @@ class EagerDataPreprocessorHook(Hook):
     (``scalar_tensor(): argument 's' (position 1) must be Number``) and inductor stops with
     ``dynamic=True`` on torch 2.14 (``cannot determine truth value of Relational``); its
     normalisation and padding are a few element-wise ops, not worth a graph.
-    :func:`aa_det.engine.load_config` adds this hook when ``compile`` is set.
+    ``tools/config_runner.py`` adds this hook when ``compile`` is set.
     """
 
     def before_train(self, runner) -> None:
@@ -247,12 +252,112 @@ class StaticModuleIntsHook(Hook):
     (:func:`aa_det.utils.compat.module_ints_constant`): the demo with
     ``compile=dict(backend='aot_eager', dynamic=True)`` had not trained its 2 iterations after
     500 s on torch 2.4.1 (2 CPU cores), and trained them in 190 s with this hook. From torch 2.6 on
-    it changes nothing. :func:`aa_det.engine.load_config` adds this hook when ``compile`` is set.
+    it changes nothing. ``tools/config_runner.py`` adds this hook when ``compile`` is set.
     """
 
     def before_train(self, runner) -> None:  # after the Runner compiled train_step
         runner.model.train_step = module_ints_constant(runner.model.train_step)
 
 
+@HOOKS.register_module()
+class NumClassesCheckHook(NumClassCheckHook):
+    """mmdet's ``NumClassCheckHook``: every head's ``num_classes`` is the number of the dataset's
+    classes, for the training set before each epoch, the validation set before training and
+    before each validation (mmdet's checks it only then, after the training epochs) and the test
+    set before testing. A mismatch stops the run with one :class:`ConfigError` line.
+    """
+
+    def _check_head(self, runner, mode: str, split: Optional[str] = None) -> None:
+        try:
+            super()._check_head(runner, mode)
+        except AssertionError as e:
+            raise ConfigError(f'{split or mode}_dataloader.dataset: {e}; set model.*head.num_classes to the '
+                              'number of metainfo.classes') from None
+
+    def before_train(self, runner) -> None:
+        if runner.val_loop is not None:
+            self._check_head(runner, 'val')
+
+    def before_test_epoch(self, runner) -> None:
+        # mmdet's check reads the validation loader: give it the test loader in its place
+        view = SimpleNamespace(model=runner.model, logger=runner.logger, val_dataloader=runner.test_dataloader)
+        self._check_head(view, 'val', split='test')
+
+
+def shared_head_norms(head: torch.nn.Module) -> List[Tuple[str, int]]:
+    """The BatchNorms of a dense head that its forward applies more than once: to several FPN levels.
+
+    The head runs once in eval mode, under ``no_grad``, on one 4x4 map per level (its
+    ``prior_generator.num_levels`` maps of its ``in_channels``); module modes and statistics are
+    left as they were. A head without those attributes, without BatchNorms, or whose forward does
+    not run on such maps, gives ``[]``.
+
+    Returns:
+        list[tuple[str, int]]: ``(module name, times applied in one forward)`` of each shared BatchNorm.
+
+    Example:
+        >>> from mmdet.registry import MODELS
+        >>> head = MODELS.build(dict(type='RetinaHead', num_classes=3, in_channels=8, feat_channels=8,
+        ...                          stacked_convs=1, norm_cfg=dict(type='BN')))
+        >>> shared_head_norms(head)
+        [('cls_convs.0.bn', 5), ('reg_convs.0.bn', 5)]
+    """
+    norms = {name: m for name, m in head.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    levels = getattr(getattr(head, 'prior_generator', None), 'num_levels', None)
+    channels = getattr(head, 'in_channels', None)
+    if not norms or not isinstance(levels, int) or not isinstance(channels, int):
+        return []
+    calls = dict.fromkeys(norms, 0)
+    handles = [m.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+               for name, m in norms.items()]
+    modes = {m: m.training for m in head.modules()}
+    parameter = next(head.parameters())
+    try:
+        head.eval()
+        with torch.no_grad():
+            head(tuple(parameter.new_zeros(1, channels, 4, 4) for _ in range(levels)))
+    except Exception:  # noqa: BLE001  a head whose forward wants more than its levels' maps: not inspected
+        return []
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m, training in modes.items():
+            m.training = training
+    return [(name, n) for name, n in calls.items() if n > 1]
+
+
+def shared_head_norm_warning(model: torch.nn.Module) -> Optional[str]:
+    """One line naming the dense head whose forward applies its BatchNorms to every FPN level
+    (mmdet's ``RetinaHead`` with a BN ``norm_cfg``), what that costs at evaluation and the fix;
+    ``None`` when no head does."""
+    for key in ('bbox_head', 'rpn_head'):
+        head = getattr(model, key, None)
+        shared = shared_head_norms(head) if isinstance(head, torch.nn.Module) else []
+        if not shared:
+            continue
+        name = type(head).__name__
+        levels = max(calls for _, calls in shared)
+        fix = (f"type='RetinaSepBNHead' with num_ins={levels} (convs shared, one BatchNorm per level; "
+               "optim_wrapper.paramwise_cfg.bypass_duplicate=True)" if name == 'RetinaHead'
+               else 'a head with one BatchNorm per level')
+        return (f'model.{key} ({name}) applies each of its {len(shared)} BatchNorms to all {levels} FPN levels: '
+                "their running statistics average the levels' distributions, so evaluation in eval mode "
+                f'scores far below what the weights reach; use {fix}, or norm_cfg=dict(type=\'GN\', '
+                'num_groups=32); tools/analysis_tools/bn_check.py measures the gap')
+    return None
+
+
+@HOOKS.register_module()
+class HeadNormCheckHook(Hook):
+    """Warn once per run, before it starts, when a dense head shares its BatchNorms across FPN
+    levels (:func:`shared_head_norm_warning`; docs/detection.md, "BatchNorm in the head")."""
+
+    def before_run(self, runner) -> None:
+        warning = shared_head_norm_warning(runner.model.module if is_model_wrapper(runner.model) else runner.model)
+        if warning:
+            runner.logger.warning(warning)
+
+
 __all__ = ['CompileBackboneHook', 'EagerDataPreprocessorHook', 'NonFiniteLossError', 'NonFiniteOutputError',
-           'StaticModuleIntsHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs', 'first_non_finite_module']
+           'StaticModuleIntsHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs', 'first_non_finite_module',
+           'NumClassesCheckHook', 'HeadNormCheckHook', 'shared_head_norms']

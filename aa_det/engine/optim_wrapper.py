@@ -2,12 +2,12 @@
 
 * Mixed precision on the CPU: mmengine's ``AmpOptimWrapper`` asserts a GPU (CUDA, NPU, MLU or
   MUSA), so ``tools/train.py --amp`` on a CPU machine stopped with an ``AssertionError``;
-  :func:`aa_det.engine.load_config` chooses :class:`CPUAmpOptimWrapper` there instead.
+  ``tools/config_runner.py`` chooses :class:`CPUAmpOptimWrapper` there instead.
 * The Runner's ``compile`` option traces the optimizer step that ``train_step`` runs. With a
   ``paramwise_cfg`` (every detection config here), mmengine's constructor makes each param group a
   ``ConfigDict``, where dynamo stops on torch 2.14; torch 2.1's dynamo stops at the first step of
   SGD's per-tensor kernel with momentum (the CPU's default), torch 2.14's with ``dynamic=True`` at
-  the first step of SGD with momentum and several param groups. :func:`aa_det.engine.load_config`
+  the first step of SGD with momentum and several param groups. ``tools/config_runner.py``
   builds the wrapper with :class:`CompileOptimWrapperConstructor` when ``compile`` is set.
 """
 import inspect

@@ -3,8 +3,8 @@
 pycocotools 2.0.10's ``COCO.loadRes`` copies the ground truth's ``info``, so an
 annotation file without it (many converters write none; mmdet's CocoDataset
 trains on it) trained to the end and then failed in evaluation with
-``KeyError: 'info'``. :func:`aa_det.engine.load_config` substitutes
-:class:`LenientCocoMetric` for ``CocoMetric`` in the val / test evaluators.
+``KeyError: 'info'``. Our dataset bases (``configs/_base_/datasets/``) name
+:class:`LenientCocoMetric` in the val / test evaluators.
 """
 from mmdet.evaluation import CocoMetric
 from mmdet.registry import METRICS

@@ -1,19 +1,13 @@
-"""Safe loading of mmengine checkpoints on torch >= 2.6, scoped to checkpoint loading.
+"""Safe loading of mmengine checkpoints on torch >= 2.6, scoped to the loads that ask for it.
 
 torch.load defaults to ``weights_only=True``; mmengine 0.10.7 Runner checkpoints
 hold a MessageHub state with ``HistoryBuffer`` objects and numpy arrays /
 scalars, so ``--resume`` and ``load_from`` fail with
 ``Unsupported global: ...HistoryBuffer``. We keep the safe unpickler and
-allow-list exactly those types, only while mmengine's checkpoint loader runs:
-:func:`register_checkpoint_loader` (called by ``import aa_det``) re-registers
-mmengine's loader of local files (``CheckpointLoader`` scheme ``''``, what
-``Runner.resume``, ``load_from``, ``load_checkpoint`` and ``Pretrained``
-init use) with a wrapper that loads inside
-``torch.serialization.safe_globals``. A ``torch.load`` elsewhere in the
-process keeps torch's own allow-list.
+allow-list exactly those types inside :func:`mmengine_checkpoint_globals`:
+:class:`aa_det.engine.CheckpointCheckHook` (named by ``configs/_base_/default_runtime.py``)
+loads inside it for the duration of a run. A ``torch.load`` elsewhere keeps torch's own allow-list.
 """
-import functools
-
 import numpy as np
 
 from .compat import safe_globals
@@ -70,16 +64,3 @@ def mmengine_checkpoint_globals():
         True
     """
     return safe_globals(mmengine_safe_globals())
-
-
-def register_checkpoint_loader():
-    """Make mmengine's loader of local checkpoint files accept mmengine checkpoints
-    under torch's safe loading, for the duration of each load only."""
-    from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
-
-    @functools.wraps(load_from_local)  # its name: mmengine logs "Loads checkpoint by local backend"
-    def load_from_local_safely(filename, map_location):
-        with mmengine_checkpoint_globals():
-            return load_from_local(filename, map_location)
-
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local_safely, force=True)

@@ -6,6 +6,8 @@ custom_imports = dict(imports=['aa_det'], allow_failed_imports=False)
 default_hooks = dict(
     checkpoint=dict(max_keep_ckpts=3, save_last=True),  # 100-500 epochs: keep the newest three
     # mmdet's CheckInvalidLossHook at every iteration, stopping with one clear line
-    check_loss=dict(type='mmdet.StopOnNonFiniteLoss', interval=1))
+    check_loss=dict(type='mmdet.StopOnNonFiniteLoss', interval=1),
+    # checkpoints loaded with torch's safe loading; the one a run loads or resumes checked first
+    check_checkpoint=dict(type='mmdet.CheckpointCheckHook'))
 env_cfg = dict(cudnn_benchmark=True)
 log_processor = dict(by_epoch=True)

@@ -1,5 +1,5 @@
-# mmdet's runtime, plus the import that registers AAResNet / GSAResNet (and their attention
-# convs) for any entry point, mmdet's own tools/train.py included.
+# mmdet's runtime, plus the import that registers AAResNet / GSAResNet (their attention convs, and
+# the hooks below) for any entry point, mmdet's own tools/train.py and tools/test.py included.
 _base_ = 'mmdet::_base_/default_runtime.py'
 custom_imports = dict(imports=['aa_det'], allow_failed_imports=False)
 default_hooks = dict(
@@ -7,4 +7,10 @@ default_hooks = dict(
     # mmdet's CheckInvalidLossHook at every iteration, stopping with one clear line
     check_loss=dict(type='StopOnNonFiniteLoss', interval=1),
     # validation / testing end with one clear line on NaN or inf features or predictions
-    check_outputs=dict(type='StopOnNonFiniteOutputs'))
+    check_outputs=dict(type='StopOnNonFiniteOutputs'),
+    # mmdet's NumClassCheckHook (also the validation set before training, and the test set), one line
+    check_classes=dict(type='NumClassesCheckHook'),
+    # checkpoints loaded with torch's safe loading; the one a run loads or resumes checked first
+    check_checkpoint=dict(type='CheckpointCheckHook'),
+    # a warning when a dense head shares its BatchNorms across FPN levels
+    check_head_norms=dict(type='HeadNormCheckHook'))

@@ -1,4 +1,4 @@
-# Classification demo on generated shapes (aa_det.datasets.generate_shapes_folder writes
+# Classification demo on generated shapes (demo/synthetic_shapes.py generate_shapes_folder writes
 # data/shapes_cls/{train,val}/<class>/*.png, mmpretrain's folder layout): a narrow AA-ResNet-18 from
 # scratch, about 30 s on 2 CPU cores. Its backbone is the detection demo's, so its checkpoint
 # initialises configs/retinanet/retinanet_aa-r18-shapes-cls-pre_fpn_1xb8-ms-12e_shapes.py.

@@ -6,7 +6,7 @@ _base_ = [
     '../_base_/datasets/shapes_demo.py',
     '../_base_/default_runtime.py',
 ]
-norm_cfg = dict(type='SyncBN', requires_grad=True)  # BN in a single process (tools/train.py)
+norm_cfg = dict(type='SyncBN', requires_grad=True)  # BN in a single process (mmengine's Runner)
 model = dict(
     backbone=dict(
         _delete_=True,

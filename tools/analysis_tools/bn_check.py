@@ -17,7 +17,8 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'env'))
+TOOLS = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path[1:1] = [TOOLS, osp.join(TOOLS, 'env')]
 from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
@@ -25,8 +26,9 @@ require_env()
 from mmengine.config import DictAction  # noqa: E402
 from mmengine.model import is_model_wrapper  # noqa: E402
 
-from aa_det.engine import ConfigError, build_runner, load_config  # noqa: E402
-from aa_det.evaluation.bn_statistics import RunningStatisticsGap, batch_statistics  # noqa: E402
+from aa_det.utils import ConfigError  # noqa: E402
+from bn_statistics import RunningStatisticsGap, batch_statistics  # noqa: E402
+from config_runner import build_runner, load_config  # noqa: E402
 
 
 def parse_args():

@@ -132,7 +132,7 @@ def require_env():
 
 def run_cli(main):
     """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) exits 2 with one line."""
-    from aa_det.engine import ConfigError
+    from aa_det.utils import ConfigError
     try:
         main()
     except ConfigError as e:

@@ -4,8 +4,8 @@ loss) for bf16 predictions: computed in float32.
 Under bf16 autocast (``AmpOptimWrapper(dtype='bfloat16')``) RetinaNet's classification logits are
 bf16, and mmcv 2.1.0's ``sigmoid_focal_loss`` CUDA kernel, which mmdet's ``FocalLoss`` calls on GPUs,
 has no bf16 instantiation: the first step stopped with ``"sigmoid_focal_loss_forward_cuda_kernel" not
-implemented for 'BFloat16'``. :func:`aa_det.engine.load_config` builds :class:`Float32FocalLoss`
-wherever a config names ``FocalLoss``.
+implemented for 'BFloat16'``. The RetinaNet bases (``configs/_base_/models/``) name
+:class:`Float32FocalLoss`.
 
 Example:
     >>> import torch

@@ -20,9 +20,13 @@ test_pipeline = [
     dict(type='PackDetInputs',
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
 ]
+# CheckedCocoDataset: mmdet's CocoDataset, which checks its files, classes and images when built;
+# LenientCocoMetric: mmdet's CocoMetric, which also evaluates annotation files without `info`.
 train_dataloader = dict(
     batch_size=8,  # x 8 GPUs = 64, the paper's batch
     num_workers=4,
-    dataset=dict(pipeline=train_pipeline))
-val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
+    dataset=dict(type='CheckedCocoDataset', pipeline=train_pipeline))
+val_dataloader = dict(dataset=dict(type='CheckedCocoDataset', pipeline=test_pipeline))
 test_dataloader = val_dataloader
+val_evaluator = dict(type='LenientCocoMetric')
+test_evaluator = val_evaluator

@@ -1,5 +1,7 @@
-# The embedded demo dataset: aa_det.datasets.generate_shapes_coco writes it (demo/detection_demo.py does).
-dataset_type = 'CocoDataset'
+# The embedded demo dataset: demo/synthetic_shapes.py writes it (demo/detection_demo.py does).
+# CheckedCocoDataset: mmdet's CocoDataset, which checks its files, classes and images when built;
+# LenientCocoMetric: mmdet's CocoMetric, which also evaluates annotation files without `info`.
+dataset_type = 'CheckedCocoDataset'
 data_root = 'data/shapes/'
 metainfo = dict(classes=('circle', 'square', 'triangle'))
 backend_args = None
@@ -54,7 +56,7 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 
 val_evaluator = dict(
-    type='CocoMetric',
+    type='LenientCocoMetric',
     ann_file=data_root + 'annotations/instances_val.json',
     metric='bbox',
     format_only=False,

@@ -1,19 +1,26 @@
-"""Config loading and Runner construction shared by tools/train.py and tools/test.py."""
+"""What tools/train.py and tools/test.py add to a config: the command-line semantics of mmdet's tools,
+and the changes this machine needs; then mmengine's Runner.
+
+A config means what it says here as in mmdet's own tools: :func:`load_config` changes only what the
+command line asks for (``--work-dir``, ``--cfg-options``, ``--amp``, ``--auto-scale-lr``, ``--resume``,
+``--partial-load``) and what the machine needs (mixed precision on a CPU, a distributed run without
+GPUs, mmengine's ``compile`` option on the installed torch); docs/detection.md lists each change.
+The checks that protect a run live in what the configs name (the dataset, the metric, the hooks of
+``configs/_base_/default_runtime.py``); :func:`build_runner` adds the ones that must run before the
+model is built (``config_checks.py``).
+"""
 import os.path as osp
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
-from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from ..evaluation.bn_statistics import shared_head_norms
-from ..utils.compat import TORCH_VERSION
-from .checkpoints import check_checkpoint_fits, check_run_checkpoint
-from ..utils.errors import ConfigError
-from .checks import check_run_config
+from aa_det.utils.compat import TORCH_VERSION
+from aa_det.utils.errors import ConfigError
+from config_checks import check_run_config
 
 
 def _replace_type(cfg, old: str, new: str):
@@ -53,23 +60,17 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
                 launcher: str = 'none', amp: bool = False, amp_dtype: Optional[str] = None,
                 auto_scale_lr: bool = False,
                 resume: Optional[str] = None, partial_load: bool = False) -> Config:
-    """Read a config and apply the command-line semantics of mmdet's tools.
+    """Read a config and apply the command-line semantics of mmdet's tools and what this machine needs.
 
-    * ``launcher='none'`` or no CUDA: SyncBN -> BN (SyncBN runs only on GPUs in
-      a process group).
-    * no CUDA: distributed runs on the CPU (gloo, DDP without device ids).
+    * ``work_dir``, ``cfg_options``, ``launcher``, ``auto_scale_lr`` as in mmdet's tools.
     * ``amp``: ``AmpOptimWrapper`` (fp16 with dynamic loss scale) on CUDA; ``amp_dtype``
       (``'float16'`` or ``'bfloat16'``) sets its ``optim_wrapper.dtype``.
       Without CUDA, where mmengine's ``AmpOptimWrapper`` asserts a GPU, ``amp``
       or an ``AmpOptimWrapper`` in the config becomes ``CPUAmpOptimWrapper``
       (bf16 autocast, no loss scale; ``loss_scale`` / ``dtype`` are dropped).
-    * ``FocalLoss`` in the model becomes ``Float32FocalLoss`` (the same loss; bf16 logits are
-      cast to float32, which mmcv's CUDA kernel needs).
-    * ``CocoMetric`` in the val / test evaluators becomes ``LenientCocoMetric``
-      (the same metric; it also accepts annotation files without ``info``).
-    * ``CocoDataset`` in the dataloaders becomes ``CheckedCocoDataset`` (the same
-      dataset; it names the file of a JSON syntax error, logs the annotations it
-      skips and checks that its images exist).
+    * a distributed run (``launcher`` not ``'none'``) without CUDA: SyncBN -> BN (SyncBN runs only on
+      GPUs), gloo, DDP without device ids. A single process keeps the config's SyncBN: mmengine's
+      Runner reverts it to BN when it wraps the model.
     * ``compile`` (mmengine's Runner option, ``torch.compile`` of ``train_step``): the optimizer
       wrapper is built by ``CompileOptimWrapperConstructor`` (plain ``dict`` param groups and
       foreach kernels, which dynamo can trace) unless the config names a constructor other than mmengine's
@@ -78,8 +79,8 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
       ``StaticModuleIntsHook`` traces the modules' int attributes as constants (torch < 2.6); on
       torch < 2.4 shapes are static (``dynamic=False``; ``dynamic=True`` is a :class:`ConfigError`).
     * ``resume='auto'``: latest checkpoint of the work dir; a path: that file.
-    * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may
-      load a checkpoint that does not fit the model (see :func:`build_runner`).
+    * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may load a checkpoint that
+      does not fit the model (``aa_det.engine.CheckpointCheckHook``).
     """
     if not osp.isfile(path):
         raise ConfigError(f'config file not found: {path}')
@@ -95,16 +96,16 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.work_dir = work_dir
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
-    if launcher == 'none' or not torch.cuda.is_available():
+    if launcher != 'none' and not torch.cuda.is_available():
         _replace_type(cfg.model, 'SyncBN', 'BN')
-    if not torch.cuda.is_available() and cfg.get('env_cfg', {}).get('dist_cfg'):
-        cfg.env_cfg.dist_cfg.backend = 'gloo'
-    if launcher != 'none' and not torch.cuda.is_available() and cfg.get('model_wrapper_cfg') is None:
-        # mmengine passes device_ids=[LOCAL_RANK], which DDP rejects for a CPU model;
-        # a config value wins over the Runner's default arguments.
-        cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
-                                     broadcast_buffers=False,
-                                     find_unused_parameters=cfg.get('find_unused_parameters', False))
+        if cfg.get('env_cfg', {}).get('dist_cfg'):
+            cfg.env_cfg.dist_cfg.backend = 'gloo'
+        if cfg.get('model_wrapper_cfg') is None:
+            # mmengine passes device_ids=[LOCAL_RANK], which DDP rejects for a CPU model;
+            # a config value wins over the Runner's default arguments.
+            cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
+                                         broadcast_buffers=False,
+                                         find_unused_parameters=cfg.get('find_unused_parameters', False))
     if amp_dtype is not None:
         if not amp:
             raise ConfigError(f'--amp-dtype {amp_dtype} needs --amp')
@@ -122,11 +123,6 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
     if cfg.get('compile') not in (None, False):  # as mmengine reads it: True or a dict, even empty
         _prepare_compile(cfg, path)
-    _replace_type(cfg.model, 'FocalLoss', 'Float32FocalLoss')
-    for name in ('val_evaluator', 'test_evaluator'):
-        _replace_type(cfg.get(name), 'CocoMetric', 'LenientCocoMetric')
-    for split in ('train', 'val', 'test'):
-        _replace_type(cfg.get(f'{split}_dataloader'), 'CocoDataset', 'CheckedCocoDataset')
     if auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{path}: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
@@ -140,27 +136,6 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     if partial_load:
         cfg.partial_load = True
     return cfg
-
-
-def shared_head_norm_warning(model) -> Optional[str]:
-    """One line naming the dense head whose forward applies its BatchNorms to every FPN level
-    (mmdet's ``RetinaHead`` with a BN ``norm_cfg``), what that costs at evaluation and the fix;
-    ``None`` when no head does (:func:`aa_det.evaluation.bn_statistics.shared_head_norms`)."""
-    for key in ('bbox_head', 'rpn_head'):
-        head = getattr(model, key, None)
-        shared = shared_head_norms(head) if isinstance(head, torch.nn.Module) else []
-        if not shared:
-            continue
-        name = type(head).__name__
-        levels = max(calls for _, calls in shared)
-        fix = (f"type='RetinaSepBNHead' with num_ins={levels} (convs shared, one BatchNorm per level; "
-               "optim_wrapper.paramwise_cfg.bypass_duplicate=True)" if name == 'RetinaHead'
-               else 'a head with one BatchNorm per level')
-        return (f'model.{key} ({name}) applies each of its {len(shared)} BatchNorms to all {levels} FPN levels: '
-                "their running statistics average the levels' distributions, so evaluation in eval mode "
-                f'scores far below what the weights reach; use {fix}, or norm_cfg=dict(type=\'GN\', '
-                'num_groups=32); tools/analysis_tools/bn_check.py measures the gap')
-    return None
 
 
 def close_process_group():
@@ -178,31 +153,13 @@ def close_process_group():
 
 
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
-    """Check the data of ``splits`` and the checkpoint paths, then build mmengine's Runner
-    (or the config's runner_type).
-
-    The checkpoint the run will load (``load_from``, ``resume``) is read and checked
-    first (:mod:`aa_det.engine.checkpoints`): readable, finite, and, once the model
-    is built, fitting it: exactly for ``resume`` and for testing (``splits`` without
-    ``'train'``), up to the heads' classification layers for ``load_from`` in
-    training, anything with ``partial_load=True``. An auto-resume whose latest
-    checkpoint is unusable resumes from the newest usable one. A dense head that shares its
-    BatchNorms across FPN levels is named in one warning (:func:`shared_head_norm_warning`).
-    """
+    """Check what must be checked before the model is built (``config_checks.py``: the backbone's
+    settings, the neck's channels, mmpretrain's classification data of ``splits``), then build
+    mmengine's Runner (or the config's runner_type). Everything else is checked by what the config
+    names, as under mmdet's own tools."""
     check_run_config(cfg, splits)
-    checkpoint = check_run_checkpoint(cfg)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the
         # Runner skips it when a process group exists, so start gloo here (torchrun's env://).
         dist.init_process_group(backend='gloo')
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    warning = shared_head_norm_warning(model)
-    if warning:
-        runner.logger.warning(warning)
-    if checkpoint is not None:
-        path, loaded, note = checkpoint
-        if note:
-            runner.logger.warning(note)
-        check_checkpoint_fits(cfg, model, path, loaded, training='train' in splits)
-    return runner
+    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

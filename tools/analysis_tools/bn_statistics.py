@@ -1,5 +1,5 @@
-"""BatchNorm statistics at test time: which BatchNorms a dense head shares across FPN levels, and
-how far each BatchNorm's running statistics are from the batch statistics it sees.
+"""BatchNorm statistics at test time (``bn_check.py``): how far each BatchNorm's running statistics
+are from the batch statistics it sees.
 
 A BatchNorm normalises with its batch's statistics in training and with its running averages in
 eval mode. Where one BatchNorm is applied to several FPN levels (mmdet's ``RetinaHead`` given a BN
@@ -7,8 +7,8 @@ eval mode. Where one BatchNorm is applied to several FPN levels (mmdet's ``Retin
 training did: the detector's eval-mode mAP falls far below what its weights reach
 (docs/detection.md, "BatchNorm in the head").
 
-* :func:`shared_head_norms` finds such BatchNorms in a built detector (the start-up guard of
-  :func:`aa_det.engine.build_runner`);
+``aa_det.engine.HeadNormCheckHook`` warns of such BatchNorms when a run starts. Here:
+
 * :class:`RunningStatisticsGap` records, per BatchNorm, how its running statistics would shift and
   scale the inputs it sees;
 * :func:`batch_statistics` makes every BatchNorm normalise with its batch's statistics, without
@@ -16,11 +16,6 @@ training did: the detector's eval-mode mAP falls far below what its weights reac
 
 Example:
     >>> import torch
-    >>> from mmdet.registry import MODELS
-    >>> head = MODELS.build(dict(type='RetinaHead', num_classes=3, in_channels=8, feat_channels=8,
-    ...                          stacked_convs=1, norm_cfg=dict(type='BN')))
-    >>> [(name, calls) for name, calls in shared_head_norms(head)]
-    [('cls_convs.0.bn', 5), ('reg_convs.0.bn', 5)]
     >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
     >>> with RunningStatisticsGap(model) as gap, torch.no_grad():
     ...     _ = model(torch.randn(2, 3, 8, 8))
@@ -42,49 +37,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 def _batchnorms(model: nn.Module) -> Iterator[Tuple[str, _BatchNorm]]:
     return ((name, m) for name, m in model.named_modules() if isinstance(m, _BatchNorm))
-
-
-def shared_head_norms(head: nn.Module) -> List[Tuple[str, int]]:
-    """The BatchNorms of a dense head that its forward applies more than once: to several FPN levels.
-
-    The head runs once in eval mode, under ``no_grad``, on one 4x4 map per level (its
-    ``prior_generator.num_levels`` maps of its ``in_channels``); module modes and statistics are
-    left as they were. A head without those attributes, without BatchNorms, or whose forward does
-    not run on such maps, gives ``[]``.
-
-    Args:
-        head (nn.Module): a built dense head (``model.bbox_head``).
-
-    Returns:
-        list[tuple[str, int]]: ``(module name, times applied in one forward)`` of each shared BatchNorm.
-    """
-    norms = dict(_batchnorms(head))
-    levels = getattr(getattr(head, 'prior_generator', None), 'num_levels', None)
-    channels = getattr(head, 'in_channels', None)
-    if not norms or not isinstance(levels, int) or not isinstance(channels, int):
-        return []
-    calls = {name: 0 for name in norms}
-
-    def count(name):
-        def hook(module, args, output):
-            calls[name] += 1
-        return hook
-
-    handles = [m.register_forward_hook(count(name)) for name, m in norms.items()]
-    modes = {m: m.training for m in head.modules()}
-    parameter = next(head.parameters())
-    try:
-        head.eval()
-        with torch.no_grad():
-            head(tuple(parameter.new_zeros(1, channels, 4, 4) for _ in range(levels)))
-    except Exception:  # a head whose forward wants more than its levels' maps: not inspected
-        return []
-    finally:
-        for handle in handles:
-            handle.remove()
-        for m, training in modes.items():
-            m.training = training
-    return [(name, n) for name, n in calls.items() if n > 1]
 
 
 def _input_statistics(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -1,170 +1,35 @@
-"""The checks run before training and testing: one :class:`ConfigError` line naming the config key, the
-file or the value, before the Runner is built and hours are spent (:func:`check_run_config`, called by
-:func:`aa_det.engine.build_runner`).
-
-Data, for every dataset of the run's dataloaders, inside wrappers (``RepeatDataset``, ``ConcatDataset``,
-...; :func:`leaf_datasets`):
-
-* annotation files and image folders exist; a COCO file looks like one (:func:`check_coco_annotation`,
-  a cheap check, not a parse);
-* class names of a COCO dataset (``metainfo.classes``, or the dataset type's own classes when the
-  config sets none) are in the annotation file's ``categories``, in its order (mmdet would skip them, or
-  number the labels in the file's order and name them in the config's); the ``categories`` are read
-  without parsing the file: found from its end (where COCO files keep them) in a memory map;
-* ``num_classes`` of ``model.bbox_head`` / ``model.roi_head.bbox_head`` / ``model.roi_head.mask_head``
-  (each also a list, as in cascades; class-agnostic mask heads aside) is the number of those classes;
-* mmpretrain's classification datasets (``CustomDataset``, ``ImageNet``, CIFAR), where mmpretrain would
-  fail only when the dataset is built, or mid-run, or never (labels silently wrong)
-  (:func:`check_classification_data`): the image folder ``data_root/data_prefix`` and its class folders
-  (the labels are their sorted names), the same class folders in every split and as many as the
-  dataset's classes and ``model.head.num_classes``, annotation files (``<image> <label>`` lines, labels
-  in range, the images they list on disk), a CIFAR folder with ``download=False``. Datasets of other
-  types are left alone, without importing mmpretrain.
-
-Model:
+"""The checks tools/train.py and tools/test.py run before the model is built, each failure one
+:class:`ConfigError` line naming the config key, the file or the value (:func:`check_run_config`, called
+by ``config_runner.build_runner``). Every other check runs from what the config names (the
+dataset, the metric, the hooks), under mmdet's own tools as under ours: docs/detection.md lists them.
 
 * the backbone builds from its settings (a bare assertion of mmdet's is named by its source line), and
   an mmdet ``ResNet`` freezes at most its stages;
 * ``model.neck.in_channels`` are the output channels of an mmdet ``ResNet`` backbone (``AAResNet`` and
   ``GSAResNet`` included): ``base_channels * 2**i * expansion`` for ``i`` in ``out_indices``;
-* every local ``Pretrained`` checkpoint file exists.
-
-Checkpoints the run loads are checked in :mod:`aa_det.engine.checkpoints`.
+* mmpretrain's classification datasets (``CustomDataset``, ``ImageNet``, CIFAR), for every dataset of
+  the run's dataloaders inside wrappers (:func:`leaf_datasets`), where mmpretrain would fail only when
+  the dataset is built, or mid-run, or never (labels silently wrong) (:func:`check_classification_data`):
+  the image folder ``data_root/data_prefix`` and its class folders (the labels are their sorted names),
+  the same class folders in every split and as many as the dataset's classes and
+  ``model.head.num_classes``, annotation files (``<image> <label>`` lines, labels in range, the images
+  they list on disk), a CIFAR folder with ``download=False``. Datasets of other types are left alone,
+  without importing mmpretrain.
 """
 import inspect
-import json
-import mmap
 import os
 import os.path as osp
-import re
 import traceback
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from mmdet.datasets import CocoDataset
 from mmdet.models.backbones import ResNet
-from mmdet.registry import DATASETS, MODELS
+from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from ..datasets.checked_coco import missing_files
-from ..models.backbones.attention_resnet import RESNET_DEFAULTS, init_defaults
-from ..utils.errors import ConfigError
-
-_CATEGORIES = re.compile(rb'"categories"\s*:\s*')
-_COCO_KEYS = {key: re.compile(rb'"%s"\s*:' % key.encode()) for key in ('images', 'annotations', 'categories')}
-_LEADING_SPACE = re.compile(rb'\s*')
-
-
-def check_coco_annotation(ann_file: str, key: str = 'annotation file'):
-    """Fail with the file's name (and its config ``key``) unless it looks like a COCO detection json.
-
-    A cheap check, not a parse (mmdet parses the file right after, in every
-    rank): the file, memory-mapped, must be one JSON object (``{`` ... ``}``)
-    naming the keys ``"images":``, ``"annotations":`` and ``"categories":``
-    (searched in C by ``re``, anywhere in the file).
-    """
-    prefix = '' if key == 'annotation file' else f'{key}: '
-    if not osp.isfile(ann_file):
-        raise ConfigError(f'{prefix}annotation file not found: {ann_file}')
-    try:
-        with open(ann_file, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            end = len(data)
-            while end and data[end - 1] in b' \t\r\n':
-                end -= 1
-            start = _LEADING_SPACE.match(data).end()
-            is_object = start < end and data[start] == ord('{') and data[end - 1] == ord('}')
-            missing = [key for key, pattern in _COCO_KEYS.items() if not pattern.search(data)]
-    except ValueError:  # mmap refuses an empty file
-        is_object = False
-    except OSError as e:
-        raise ConfigError(f'{prefix}annotation file cannot be read: {ann_file} ({e})') from e
-    if not is_object:
-        raise ConfigError(f'{prefix}annotation file is not a JSON object ({{...}}): {ann_file}')
-    if missing:
-        raise ConfigError(f'{prefix}annotation file is not COCO format (no {", ".join(missing)}): {ann_file}')
-
-
-def check_datasets(cfg: Config, splits=('train', 'val', 'test')):
-    """Every dataset's annotation file and image folder exist (COCO files are checked too), for each
-    dataset inside wrappers (``dataset=``, ``datasets=[...]``: :func:`leaf_datasets`).
-
-    Args:
-        splits (Sequence[str]): the dataloaders the run uses (``tools/test.py``: ``('test',)``).
-    """
-    for split in splits:
-        loader = cfg.get(f'{split}_dataloader')
-        if not loader or 'dataset' not in loader:
-            continue
-        for dataset, key in leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
-            root = dataset.get('data_root') or ''
-            ann = dataset.get('ann_file')
-            if ann:
-                ann_path = osp.join(root, ann)
-                if dataset.get('type') in ('CocoDataset', 'CheckedCocoDataset'):
-                    check_coco_annotation(ann_path, f'{key}.ann_file')
-                elif not osp.exists(ann_path):
-                    raise ConfigError(f'{key}.ann_file not found: {ann_path}')
-            prefix = dataset.get('data_prefix')  # mmdet's dict(img=...); mmpretrain's str: its checks
-            img_dir = prefix.get('img') if isinstance(prefix, dict) else None
-            if img_dir is not None and not osp.isdir(osp.join(root, img_dir)):
-                raise ConfigError(f'{key}.data_prefix.img: image folder not found: {osp.join(root, img_dir)}')
-
-
-def check_pretrained(cfg: Config):
-    """Every local ``Pretrained`` checkpoint in the model config exists (URLs and
-    ``scheme://`` names are left to mmengine)."""
-    def visit(node, path):
-        if isinstance(node, dict):
-            if node.get('type') == 'Pretrained':
-                ckpt = node.get('checkpoint')
-                if isinstance(ckpt, str) and '://' not in ckpt and not osp.isfile(ckpt):
-                    raise ConfigError(f'{path}.checkpoint not found: {ckpt} (pretrain it with the '
-                                      f'classification path, or override it with --cfg-options)')
-            for key, value in node.items():
-                visit(value, f'{path}.{key}')
-        elif isinstance(node, (list, tuple)):
-            for i, value in enumerate(node):
-                visit(value, f'{path}[{i}]')
-
-    visit(cfg.get('model', {}), 'model')
-
-
-def coco_category_names(ann_file: str) -> List[str]:
-    """The ``name`` of each entry of a COCO file's ``categories``, in the file's order.
-
-    The last ``"categories":`` key of the memory-mapped file is taken; its list is
-    decoded from a window that doubles from 64 KiB until the list ends in it.
-
-    Args:
-        ann_file (str): a file that passed :func:`check_coco_annotation`.
-
-    Returns:
-        list[str]: the category names.
-    """
-    with open(ann_file, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        end = len(data)
-        while True:
-            start = data.rfind(b'"categories"', 0, end)
-            if start < 0:
-                raise ConfigError(f'annotation file has no "categories" list: {ann_file}')
-            key = _CATEGORIES.match(data, start)
-            if key:
-                break
-            end = start
-        window = 1 << 16
-        while True:
-            text = data[key.end():key.end() + window].decode('utf-8', errors='replace')
-            try:
-                categories = json.JSONDecoder().raw_decode(text)[0]
-                break
-            except json.JSONDecodeError as e:
-                if key.end() + window >= len(data):
-                    raise ConfigError(f'annotation file: "categories" is not valid JSON: {ann_file} '
-                                      f'({e.msg})') from None
-                window *= 2
-    if not isinstance(categories, list) or not all(isinstance(c, dict) and 'name' in c for c in categories):
-        raise ConfigError(f'annotation file: "categories" is not a list of {{"id", "name"}}: {ann_file}')
-    return [c['name'] for c in categories]
+from aa_det.datasets.checked_coco import missing_files
+from aa_det.models.backbones.attention_resnet import RESNET_DEFAULTS, init_defaults
+from aa_det.utils.errors import ConfigError
 
 
 def leaf_datasets(dataset: dict, path: str) -> Iterator[Tuple[dict, str]]:
@@ -176,55 +41,6 @@ def leaf_datasets(dataset: dict, path: str) -> Iterator[Tuple[dict, str]]:
             yield from leaf_datasets(inner, f'{path}.datasets[{i}]')
     else:
         yield dataset, path
-
-
-def _num_classes_keys(model: dict) -> Iterator[Tuple[str, int]]:
-    """``(config key, value)`` of every class-aware head's ``num_classes``: ``model.bbox_head``,
-    and ``model.roi_head.bbox_head`` / ``mask_head`` (a dict, or a list of them in a cascade);
-    a ``class_agnostic`` mask head predicts one mask for every class and is skipped."""
-    if isinstance(model.get('bbox_head'), dict) and 'num_classes' in model.bbox_head:
-        yield 'model.bbox_head.num_classes', model.bbox_head.num_classes
-    roi_head = model.get('roi_head') or {}
-    for name in ('bbox_head', 'mask_head'):
-        heads = roi_head.get(name)
-        for i, head in enumerate(heads if isinstance(heads, (list, tuple)) else [heads]):
-            if isinstance(head, dict) and 'num_classes' in head and not head.get('class_agnostic'):
-                index = f'[{i}]' if isinstance(heads, (list, tuple)) else ''
-                yield f'model.roi_head.{name}{index}.num_classes', head['num_classes']
-
-
-def check_classes(cfg: Config, splits=('train', 'val', 'test')):
-    """The classes of every COCO dataset of ``splits`` are in its annotation file, in the
-    file's order, and as many as each head's ``num_classes``."""
-    heads = list(_num_classes_keys(cfg.model))
-    for split in splits:
-        loader = cfg.get(f'{split}_dataloader')
-        if not loader or 'dataset' not in loader:
-            continue
-        for dataset, path in leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
-            dataset_type = DATASETS.get(dataset.get('type')) if isinstance(dataset.get('type'), str) \
-                else dataset.get('type')
-            if not (isinstance(dataset_type, type) and issubclass(dataset_type, CocoDataset)) \
-                    or not dataset.get('ann_file'):
-                continue
-            classes = tuple((dataset.get('metainfo') or {}).get('classes') or ())
-            source = f'{path}.metainfo.classes'
-            if not classes:
-                classes = tuple(dataset_type.METAINFO['classes'])
-                source = f'{path}: the {len(classes)} classes of {dataset_type.__name__} (no metainfo.classes)'
-            ann_file = osp.join(dataset.get('data_root') or '', dataset['ann_file'])
-            names = coco_category_names(ann_file)
-            missing = [c for c in classes if c not in names]
-            if missing:
-                raise ConfigError(f'{source}: {", ".join(map(repr, missing))} not among the categories of '
-                                  f'{ann_file} ({", ".join(map(repr, names))})')
-            in_file_order = [n for n in names if n in classes]
-            if list(classes) != in_file_order:
-                raise ConfigError(f'{source}={classes} are in another order than the categories of {ann_file}; '
-                                  f'mmdet numbers the labels in the file\'s order: {tuple(in_file_order)}')
-            for key, num_classes in heads:
-                if num_classes != len(classes):
-                    raise ConfigError(f'{key}={num_classes} but {source} gives {len(classes)} classes')
 
 
 def check_frozen_stages(backbone_cfg: dict):
@@ -282,7 +98,6 @@ def check_model_config(cfg: Config, splits=('train', 'val', 'test')):
     registries of the config's ``default_scope``."""
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope')):
         check_backbone_and_neck(cfg)
-        check_classes(cfg, splits)
         check_classification_data(cfg, splits)
 
 
@@ -426,6 +241,4 @@ def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'va
 
 def check_run_config(cfg: Config, splits: Sequence[str] = ('train', 'val', 'test')):
     """Every check of this module, for the dataloaders of ``splits``."""
-    check_datasets(cfg, splits)
-    check_pretrained(cfg)
     check_model_config(cfg, splits)

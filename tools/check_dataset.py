@@ -28,11 +28,40 @@ require_env()
 from mmengine.config import DictAction  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from aa_det.datasets.checked_coco import naming_json_errors, skip_reason  # noqa: E402
+from aa_det.datasets.checked_coco import naming_json_errors  # noqa: E402
 from aa_det.utils import ConfigError  # noqa: E402
 from config_runner import load_config  # noqa: E402
 
 EXAMPLES = 3
+
+
+def skip_reason(ann: dict, width: float, height: float, cat_ids) -> str:
+    """Why mmdet's ``CocoDataset.parse_data_info`` leaves a COCO annotation out, or ``''``.
+
+    The conditions are mmdet 3.3's, named in this order: a category not trained
+    first, then a zero-size box (before it would count as outside).
+
+    Args:
+        ann (dict): A COCO annotation (``bbox`` as ``[x, y, w, h]``, ``area``,
+            ``category_id``, optional ``ignore``).
+        width (float): The image width the JSON gives.
+        height (float): The image height the JSON gives.
+        cat_ids (Container[int]): The category ids the dataset trains.
+
+    Returns:
+        str: ``'marked ignore'``, ``'category_id not in the classes'``,
+        ``'zero-size'``, ``'outside the image'`` or ``''`` (kept).
+    """
+    if ann.get('ignore', False):
+        return 'marked ignore'
+    if ann['category_id'] not in cat_ids:
+        return 'category_id not in the classes'
+    x, y, w, h = ann['bbox']
+    if ann['area'] <= 0 or w < 1 or h < 1:
+        return 'zero-size'
+    if max(0, min(x + w, width) - max(x, 0)) * max(0, min(y + h, height) - max(y, 0)) == 0:
+        return 'outside the image'
+    return ''
 
 
 def parse_args():

@@ -1,28 +1,15 @@
-"""mmdet's CocoMetric for annotation files without the optional ``info`` key.
-
-pycocotools 2.0.10's ``COCO.loadRes`` copies the ground truth's ``info``, so an
-annotation file without it (many converters write none; mmdet's CocoDataset
-trains on it) trained to the end and then failed in evaluation with
-``KeyError: 'info'``. Our dataset bases (``configs/_base_/datasets/``) name
-:class:`LenientCocoMetric` in the val / test evaluators.
-"""
+"""mmdet's CocoMetric for annotation files without the optional ``info`` key, which our dataset bases
+(``configs/_base_/datasets/``) name: pycocotools 2.0.10's ``COCO.loadRes`` copies the ground truth's
+``info``, so such a file (many converters write none; mmdet trains on it) trained to the end and then
+failed in evaluation with ``KeyError: 'info'``."""
 from mmdet.evaluation import CocoMetric
 from mmdet.registry import METRICS
 
 
 @METRICS.register_module()
 class LenientCocoMetric(CocoMetric):
-    """mmdet's :class:`CocoMetric`, also for annotation files without ``info``.
-
-    Arguments, results and metric names (``coco/bbox_mAP``, ...) are
-    ``CocoMetric``'s. The one difference: when the ground-truth file has no
-    top-level ``info``, its COCO api gets an empty one (``{}``), which is all
-    ``loadRes`` needs; the file itself is not changed.
-
-    Args:
-        *args: Positional arguments passed to :class:`CocoMetric`.
-        **kwargs: Keyword arguments passed to :class:`CocoMetric`.
-    """
+    """mmdet's :class:`CocoMetric` (its arguments, results and metric names); a ground truth without a
+    top-level ``info`` gets an empty one in its COCO api, all ``loadRes`` needs (the file is unchanged)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -131,10 +131,11 @@ def require_env():
 
 
 def run_cli(main):
-    """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) exits 2 with one line."""
+    """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) or a file that mmengine does
+    not find (``FileNotFoundError``: a ``Pretrained`` checkpoint, ...) exits 2 with one line."""
     from aa_det.utils import ConfigError
     try:
         main()
-    except ConfigError as e:
+    except (ConfigError, FileNotFoundError) as e:
         sys.stderr.write(f'aa_det: {e}\n')
         raise SystemExit(2) from None

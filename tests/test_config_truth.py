@@ -1,0 +1,137 @@
+"""A config means what it says in every tool: our tools dump and build what mmengine's plain
+``Config.fromfile`` reads (what mmdet's own tools read), and mmdet's own ``tools/train.py`` and
+``tools/test.py`` refuse the bad inputs ours refuse, before the first training iteration, with the same
+line: theirs at the end of a traceback, ours alone."""
+import glob
+import json
+import os
+import os.path as osp
+import re
+import shutil
+
+import mmdet
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import MODELS, DefaultScope
+
+from config_runner import load_config
+from demo_config import DEMO, ROOT, demo_options
+from tool_output import own_stderr
+from test_checkpoints import overwrite_bytes
+from tool_process import run_python
+
+CONFIGS = sorted(path for path in glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+                 if '_base_' not in path)
+MMDET_TOOLS = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools')
+ENV = dict(os.environ, OMP_NUM_THREADS='1')
+ONE_ITER = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8}
+
+
+def _built(cfg):
+    """The model a config builds, before a Runner wraps it: its modules' types and its state-dict keys."""
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmdet')):
+        torch.manual_seed(0)
+        model = MODELS.build(cfg.model)
+    return [type(m) for m in model.modules()], list(model.state_dict())
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=lambda p: osp.relpath(p, osp.join(ROOT, 'configs')))
+def test_our_tools_run_what_the_config_says(path, tmp_path):
+    """What ``tools/train.py`` runs (the config the Runner dumps) is the file as mmengine reads it, but for
+    what the command line sets (``work_dir``, ``launcher``), and builds the same model."""
+    plain = Config.fromfile(path)
+    ours = load_config(path, work_dir=str(tmp_path))
+    ours.dump(str(tmp_path / 'dumped.py'))  # what mmengine's Runner.dump_config writes
+    dumped = Config.fromfile(str(tmp_path / 'dumped.py'))
+    expected = dict(plain.to_dict(), work_dir=str(tmp_path), launcher='none')
+    assert dumped.to_dict() == expected
+    assert _built(dumped) == _built(plain)
+
+
+def test_retinanet_configs_name_our_types():
+    """Where a config needs one of our types, the config names it: the loss mmcv's bf16 kernels need, the
+    checked dataset and the lenient metric; and ``import aa_det`` through ``custom_imports``."""
+    for path in CONFIGS:
+        text = str(Config.fromfile(path).to_dict())
+        assert "'FocalLoss'" not in text and "'CocoDataset'" not in text and "'CocoMetric'" not in text, path
+        if 'retinanet' in path and 'coco' in path:
+            assert all(name in text for name in ('Float32FocalLoss', 'CheckedCocoDataset', 'LenientCocoMetric')), path
+
+
+# --- the same refusals from mmdet's own tools and ours -----------------------------------------------
+
+@pytest.fixture
+def data(tiny_shapes, tmp_path):
+    """A copy of the tiny shapes data to damage."""
+    return shutil.copytree(tiny_shapes, tmp_path / 'data')
+
+
+def edit_json(path, change):
+    coco = json.loads(path.read_text())
+    change(coco)
+    path.write_text(json.dumps(coco))
+
+
+def run(tool, *args, options):
+    """``tool`` ('ours/train.py', 'mmdet/test.py', ...) on ``args`` with ``--cfg-options``."""
+    owner, script = tool.split('/')
+    path = osp.join(ROOT, 'tools', script) if owner == 'ours' else osp.join(MMDET_TOOLS, script)
+    cmd = [path, *map(str, args), '--cfg-options'] + [f'{k}={v}' for k, v in options.items()]
+    return run_python(cmd, env=ENV, cwd=ROOT)
+
+
+def assert_refused(out, tool, pattern):
+    """Ours: exit 2 and the line alone. mmdet's: a traceback that ends in the same line."""
+    own = own_stderr(out.stderr)
+    if tool.startswith('ours'):
+        assert out.returncode == 2 and re.fullmatch(rf'aa_det: {pattern}\n', own), out.stderr[-3000:]
+    else:
+        last = own.rstrip('\n').splitlines()[-1]
+        assert out.returncode == 1 and 'Traceback' in own, out.stderr[-3000:]
+        assert re.fullmatch(rf'aa_det\.\S*Error: {pattern}', last), out.stderr[-3000:]
+
+
+TRAIN_TOOLS = ['ours/train.py', 'mmdet/train.py']
+
+
+@pytest.mark.parametrize('tool', TRAIN_TOOLS)
+def test_num_classes_that_do_not_match_the_classes(tool, tiny_shapes, tmp_path):
+    """Before, mmdet's tool trained the whole schedule on 2 of the data's 3 classes."""
+    out = run(tool, DEMO, '--work-dir', tmp_path / 'work',
+              options=demo_options(tiny_shapes, **ONE_ITER, **{'model.bbox_head.num_classes': 2}))
+    assert_refused(out, tool, r'train_dataloader.dataset: The `num_classes` \(2\) in RetinaSepBNHead of RetinaNet '
+                              r'does not matches the length of `classes` 3\) in CheckedCocoDataset; .*')
+    assert not glob.glob(str(tmp_path / 'work' / '*.pth'))
+
+
+@pytest.mark.parametrize('tool', TRAIN_TOOLS)
+def test_wrong_image_sizes_in_the_annotation_file(tool, data, tmp_path):
+    """Before, mmdet's tool trained on the boxes inside the stated size."""
+    edit_json(data / 'annotations' / 'instances_train.json',
+              lambda coco: [img.update(width=48, height=48) for img in coco['images']])
+    out = run(tool, DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
+    assert_refused(out, tool, r'8 of 8 images checked \(all of 8 in \S+instances_train.json\) are wrong, first: '
+                              r'\S+/train/000000.png is 96x96, the annotation file says width 48, height 48 .*')
+
+
+@pytest.mark.parametrize('tool', TRAIN_TOOLS)
+def test_missing_validation_image(tool, data, tmp_path):
+    """Before, mmdet's tool failed at the first validation, after the training epochs."""
+    (data / 'val' / '000001.png').unlink()
+    out = run(tool, DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
+    assert_refused(out, tool, r'1 of 4 images listed in \S+instances_val.json are missing, first: \S+/val/000001.png')
+
+
+@pytest.mark.parametrize('tool', ['ours/test.py', 'mmdet/test.py'])
+def test_damaged_checkpoint_is_refused_by_both_test_tools(tool, tiny_shapes, tmp_path):
+    """A checkpoint whose bytes fail their CRC: before, mmdet's tool evaluated wrong weights."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    good = tmp_path / 'model.pth'
+    torch.save({'state_dict': DET_MODELS.build(Config.fromfile(DEMO).model).state_dict()}, good)
+    bad, entry = overwrite_bytes(good, str(tmp_path / 'bad.pth'), b'\xff' * 8)
+    out = run(tool, DEMO, bad, '--work-dir', tmp_path / 'work', options=demo_options(tiny_shapes))
+    assert_refused(out, tool, rf'checkpoint file is damaged: {re.escape(bad)}: entry {re.escape(entry)} fails its CRC '
+                              r'check \(a broken copy or disk\? copy or save it again\)')

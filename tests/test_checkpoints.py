@@ -116,7 +116,7 @@ def test_unreadable_checkpoint_is_one_line(tiny_shapes, aa_ckpt, tmp_path, conte
     cfg = config(tiny_shapes, tmp_path)
     cfg.load_from = str(path)
     with pytest.raises(ConfigError, match=message) as error:
-        build_runner(cfg, splits=('test',))
+        build_runner(cfg, splits=('test',)).test()
     assert '\n' not in str(error.value) and 'weights_only' not in str(error.value)
 
 
@@ -128,10 +128,11 @@ def test_resnet_checkpoint_for_the_aa_config_is_an_error_unless_partial(tiny_sha
         with pytest.raises(ConfigError, match=r'checkpoint does not fit the model: \S+resnet18.pth: \d+ missing '
                                               r'keys \(first: backbone\.layer2\.\S+\), \d+ unexpected keys '
                                               r'.*--partial-load'):
-            build_runner(cfg, splits=splits)
+            runner = build_runner(cfg, splits=splits)
+            runner.test() if splits == ('test',) else runner.train()
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes), partial_load=True)
     cfg.load_from = resnet_ckpt
-    build_runner(cfg, splits=('test',))
+    build_runner(cfg, splits=('test',)).test()
 
 
 def test_load_from_may_fine_tune_the_classification_layer(tiny_shapes, aa_ckpt, tmp_path):
@@ -142,20 +143,21 @@ def test_load_from_may_fine_tune_the_classification_layer(tiny_shapes, aa_ckpt, 
     cfg = config(tiny_shapes, tmp_path, **two)
     cfg.load_from = aa_ckpt
     runner = build_runner(cfg)
+    runner.train()
     log = open(runner.logger.handlers[-1].baseFilename).read()
     assert re.search(r'WARNING - aa_det: load_from \S+aa.pth: 2 classification-layer keys do not fit .*'
                      r'first: bbox_head.retina_cls.weight', log), log[-2000:]
     cfg = config(tiny_shapes, tmp_path, **two)
     cfg.load_from = aa_ckpt
     with pytest.raises(ConfigError, match=r'2 keys of another shape \(first: bbox_head.retina_cls.weight\)'):
-        build_runner(cfg, splits=('test',))
+        build_runner(cfg, splits=('test',)).test()
 
 
 def test_resume_from_another_models_checkpoint_is_one_line(tiny_shapes, resnet_ckpt, tmp_path):
     """Before: 'loaded state dict has a different number of parameter groups'."""
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **ONE_ITER), resume=resnet_ckpt)
     with pytest.raises(ConfigError, match=r'does not fit the model: \S+resnet18.pth: \d+ missing keys') as error:
-        build_runner(cfg)
+        build_runner(cfg).train()
     assert '--partial-load' not in str(error.value)
 
 
@@ -164,7 +166,7 @@ def test_resume_from_a_nan_checkpoint_stops_before_training(tiny_shapes, aa_ckpt
     bad = edited_checkpoint(aa_ckpt, str(tmp_path / 'bad.pth'), 'backbone.conv1.weight', float('nan'))
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **ONE_ITER), resume=bad)
     with pytest.raises(ConfigError, match=r'non-finite values .*bad.pth: first at state_dict\.'):
-        build_runner(cfg)
+        build_runner(cfg).train()
 
 
 def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(tiny_shapes, tmp_path):
@@ -176,8 +178,8 @@ def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(tiny_shapes, 
     cfg = load_config(DEMO, work_dir=str(tmp_path), resume='auto',
                       cfg_options=demo_options(tiny_shapes, **{**ONE_ITER, 'train_cfg.max_epochs': 2}))
     runner = build_runner(cfg)
-    assert cfg.load_from == str(tmp_path / 'epoch_1.pth')
     runner.train()
+    assert runner._load_from == str(tmp_path / 'epoch_1.pth')
     assert (runner.epoch, runner.iter) == (2, 2)  # epoch 2 again, after epoch 1
     log = open(runner.logger.handlers[-1].baseFilename).read()
     assert re.search(r'WARNING - aa_det: the latest checkpoint is unusable \(checkpoint file cannot be loaded: '
@@ -185,7 +187,8 @@ def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(tiny_shapes, 
     for path in glob.glob(str(tmp_path / 'epoch_*.pth')):
         open(path, 'wb').close()
     with pytest.raises(ConfigError, match=r'checkpoint file is empty \(0 bytes\): \S+epoch_2.pth'):
-        build_runner(load_config(DEMO, work_dir=str(tmp_path), resume='auto', cfg_options=demo_options(tiny_shapes)))
+        build_runner(load_config(DEMO, work_dir=str(tmp_path), resume='auto',
+                                 cfg_options=demo_options(tiny_shapes))).train()
 
 
 def test_training_stops_on_a_non_finite_loss(tiny_shapes, tmp_path):

@@ -1,7 +1,6 @@
 """Every ResNet / model setting honoured or refused, and config mistakes caught before training:
-backbone settings through the registry, config checks through load_config +
-build_runner and tools/train.py."""
-import json
+backbone settings through the registry, config checks through our tools' load_config + build_runner
+(the Runner and the hooks the config names) and tools/train.py."""
 import os
 import os.path as osp
 
@@ -9,6 +8,7 @@ import pytest
 import torch
 from mmcv.cnn.bricks.conv_ws import ConvWS2d
 from mmdet.registry import MODELS
+from mmengine.hooks import Hook
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.utils import ConfigError
@@ -282,77 +282,83 @@ def _cfg(root, **extra):
     return load_config(DEMO, cfg_options=demo_options(root, **extra))
 
 
+def _stops(cfg, tmp_path, pattern, run='train'):
+    """The Runner of ``cfg`` stops with ``pattern`` before its first training iteration."""
+    cfg.work_dir = str(tmp_path / 'work')
+    runner = build_runner(cfg, splits=('test',) if run == 'test' else ('train', 'val', 'test'))
+    steps = []
+
+    class Spy(Hook):
+        def before_train_iter(self, *args, **kwargs):
+            steps.append(1)
+
+    runner.register_hook(Spy())
+    with pytest.raises(ConfigError, match=pattern):
+        getattr(runner, run)()
+    assert steps == []
+
+
 def test_demo_config_passes_the_checks(tiny_shapes):
     check_model_config(_cfg(tiny_shapes))
 
 
-def test_num_classes_other_than_the_datasets_classes(tiny_shapes):
-    with pytest.raises(ConfigError, match=r'model.bbox_head.num_classes=2 but train_dataloader.dataset.metainfo.classes '
-                                          r'gives 3 classes'):
-        build_runner(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 2}))
+def test_num_classes_other_than_the_datasets_classes(tiny_shapes, tmp_path):
+    """mmdet's NumClassCheckHook, with one line (``NumClassesCheckHook`` in the runtime base)."""
+    _stops(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 2}), tmp_path,
+           r'^train_dataloader.dataset: The `num_classes` \(2\) in RetinaSepBNHead of RetinaNet does not matches the '
+           r'length of `classes` 3\) in CheckedCocoDataset; set model.\*head.num_classes')
 
 
-def test_num_classes_checked_for_test_only(tiny_shapes):
-    cfg = _cfg(tiny_shapes, **{'model.bbox_head.num_classes': 4})
-    with pytest.raises(ConfigError, match=r'num_classes=4 but test_dataloader.dataset.metainfo.classes gives 3'):
-        build_runner(cfg, splits=('test',))
+def test_num_classes_checked_for_test_only(tiny_shapes, tmp_path):
+    _stops(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 4}), tmp_path,
+           r'^test_dataloader.dataset: The `num_classes` \(4\)', run='test')
 
 
 def _mmdet_config(root, base, **extra):
-    """A config file with mmdet's config ``base`` as its ``_base_`` (as a user writes it), on the
-    tiny shapes dataset and its 3 classes."""
+    """A config file with mmdet's config ``base`` and our runtime as its ``_base_`` (as a user writes
+    it), on the tiny shapes dataset and its 3 classes."""
     split = {'train': 'train', 'val': 'val', 'test': 'val'}
     options = {f'{s}_dataloader.dataset.{k}': v for s in split for k, v in (
         ('data_root', f'{root}/'), ('ann_file', f'annotations/instances_{split[s]}.json'),
         ('data_prefix', dict(img=f'{split[s]}/')), ('metainfo', dict(classes=('circle', 'square', 'triangle'))))}
     options.update({f'{s}_evaluator.ann_file': f'{root}/annotations/instances_val.json' for s in ('val', 'test')})
+    options.update({f'{s}_dataloader.{k}': v for s in split for k, v in (('num_workers', 0),
+                                                                          ('persistent_workers', False))})
     path = root / osp.basename(base)
-    path.write_text(f'_base_ = {base!r}\n')
+    path.write_text(f'_base_ = [{base!r}, {osp.join(ROOT, "configs/_base_/default_runtime.py")!r}]\n')
     return load_config(str(path), cfg_options=dict(options, **extra))
 
 
-@pytest.mark.parametrize('base, bbox_heads, key', [
-    ('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', ['model.roi_head.bbox_head.num_classes'],
-     r'model.roi_head.mask_head.num_classes=80'),
+@pytest.mark.parametrize('base, bbox_heads, module', [
+    ('mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', ['model.roi_head.bbox_head.num_classes'], 'FCNMaskHead'),
     ('mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py',
-     [f'model.roi_head.bbox_head.{i}.num_classes' for i in range(3)], r'model.roi_head.mask_head\[0\].num_classes=80'),
+     [f'model.roi_head.bbox_head.{i}.num_classes' for i in range(3)], 'HTCMaskHead'),
 ])
-def test_mask_head_num_classes_other_than_the_datasets_classes(tiny_shapes, base, bbox_heads, key):
+def test_mask_head_num_classes_other_than_the_datasets_classes(tiny_shapes, tmp_path, base, bbox_heads, module):
     """mmdet's Mask R-CNN / HTC (a list of mask heads) with the bbox heads set to the 3 classes and
-    the mask heads left at COCO's 80."""
+    the mask heads left at COCO's 80, in a user's config on our runtime base."""
     cfg = _mmdet_config(tiny_shapes, base, **{k: 3 for k in bbox_heads})
-    with pytest.raises(ConfigError, match=f'^{key} but train_dataloader.dataset.metainfo.classes gives 3 classes'):
-        build_runner(cfg)
-    check_model_config(_mmdet_config(tiny_shapes, base, **{k: 3 for k in bbox_heads},
-                                     **{k.replace('bbox_head', 'mask_head'): 3 for k in bbox_heads}))
+    _stops(cfg, tmp_path, rf'^train_dataloader.dataset: The `num_classes` \(80\) in {module} of ')
 
 
-def test_class_agnostic_mask_head_is_not_checked(tiny_shapes):
-    check_model_config(_mmdet_config(tiny_shapes, 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', **{
-        'model.roi_head.bbox_head.num_classes': 3, 'model.roi_head.mask_head.class_agnostic': True}))
-
-
-def test_class_names_not_in_the_annotation_file(tiny_shapes):
+def test_class_names_not_in_the_annotation_file(tiny_shapes, tmp_path):
     classes = ('circle', 'square', 'triangle', 'star', 'hexagon')
     cfg = _cfg(tiny_shapes, **{'model.bbox_head.num_classes': 5},
                **{f'{s}_dataloader.dataset.metainfo.classes': classes for s in ('train', 'val', 'test')})
-    with pytest.raises(ConfigError, match=r"train_dataloader.dataset.metainfo.classes: 'star', 'hexagon' not among "
-                                          r"the categories of .*annotations/instances_train.json"):
-        build_runner(cfg)
+    _stops(cfg, tmp_path, r"^metainfo.classes: 'star', 'hexagon' not among the categories of "
+                          r".*annotations/instances_train.json \('circle', 'square', 'triangle'\)")
 
 
-def test_class_names_in_another_order_than_the_file(tiny_shapes):
+def test_class_names_in_another_order_than_the_file(tiny_shapes, tmp_path):
     cfg = _cfg(tiny_shapes, **{'train_dataloader.dataset.metainfo.classes': ('square', 'circle', 'triangle')})
-    with pytest.raises(ConfigError, match=r"another order .* \('circle', 'square', 'triangle'\)"):
-        build_runner(cfg)
+    _stops(cfg, tmp_path, r"another order .* \('circle', 'square', 'triangle'\)")
 
 
-def test_no_metainfo_means_the_dataset_types_classes(tiny_shapes):
+def test_no_metainfo_means_the_dataset_types_classes(tiny_shapes, tmp_path):
     """mmdet's CocoDataset without ``metainfo.classes`` looks for its 80 COCO names in the file."""
     cfg = _cfg(tiny_shapes)
     cfg.train_dataloader.dataset.pop('metainfo')
-    with pytest.raises(ConfigError, match=r"the 80 classes of CheckedCocoDataset \(no metainfo.classes\): 'person'"):
-        build_runner(cfg)
+    _stops(cfg, tmp_path, r"^metainfo.classes: 'person', 'bicycle', .* not among the categories of")
 
 
 def test_neck_in_channels_other_than_the_backbones(tiny_shapes):
@@ -381,27 +387,4 @@ def test_train_tool_prints_one_line(tiny_shapes, tmp_path):
                     '--cfg-options', *[f'{k}={v}' for k, v in options.items()]],
                    cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert out.returncode == 2, out.stderr[-3000:]
-    assert out.stderr.strip().splitlines()[-1].startswith('aa_det: model.bbox_head.num_classes=2 but ')
-
-
-# --- reading categories ---------------------------------------------------------------------
-
-@pytest.mark.parametrize('first', [True, False])
-def test_categories_read_without_parsing_the_file(tmp_path, monkeypatch, first):
-    """Found from the end in a memory map and decoded from a window (64 KiB, doubled as
-    needed): wherever the key stands, a string "categories" elsewhere does not confuse it."""
-    categories = [dict(id=i, name=f'class {i} é') for i in range(3000)]  # > 64 KiB
-    images = [dict(id=i, file_name='categories', width=8, height=8) for i in range(20000)]
-    parts = [('categories', categories), ('images', images), ('annotations', [])]
-    path = tmp_path / 'instances.json'
-    path.write_text(json.dumps(dict(parts if first else parts[::-1])))
-    monkeypatch.setattr(json, 'load', None)
-    monkeypatch.setattr(json, 'loads', None)
-    assert coco_category_names(str(path)) == [c['name'] for c in categories]
-
-
-def test_categories_that_are_not_names(tmp_path):
-    path = tmp_path / 'instances.json'
-    path.write_text('{"images": [], "annotations": [], "categories": [1, 2]}')
-    with pytest.raises(ConfigError, match=r'"categories" is not a list of .*instances.json'):
-        coco_category_names(str(path))
+    assert out.stderr.strip().splitlines()[-1].startswith('aa_det: train_dataloader.dataset: The `num_classes` (2)')

@@ -127,8 +127,16 @@ class CheckedCocoDataset(CocoDataset):
         except AssertionError:  # pycocotools: 'annotation file format ... not supported'
             raise ConfigError(f'annotation file is not a JSON object ({{...}}): {self.ann_file}: '
                               f'{nesting_hint(self.ann_file)}') from None
-        names = [cat.get('name') for cat in self.coco.dataset['categories']]
-        classes = tuple(self.metainfo['classes'])
+        return data_list
+
+    def _check_categories(self):
+        """Category ids are ints; the classes are among the categories, in the file's order."""
+        categories = self.coco.dataset['categories']  # mmdet deletes self.coco once the file is parsed
+        for cat in categories:
+            if not isinstance(cat.get('id'), int):
+                raise ConfigError(f'annotation file {self.ann_file}: category ids must be ints; category '
+                                  f'{cat.get("name")!r} has id {cat.get("id")!r}')
+        names, classes = [cat.get('name') for cat in categories], tuple(self.metainfo['classes'])
         missing = [c for c in classes if c not in names]
         if missing:
             raise ConfigError(f'metainfo.classes: {", ".join(map(repr, missing))} not among the categories of '
@@ -137,18 +145,14 @@ class CheckedCocoDataset(CocoDataset):
         if classes != in_file_order:
             raise ConfigError(f'metainfo.classes={classes} are in another order than the categories of '
                               f"{self.ann_file}; mmdet numbers the labels in the file's order: {in_file_order}")
-        return data_list
 
     def parse_data_info(self, raw_data_info: dict) -> dict:
         """mmdet's, with ids that are ints (strings never match: mmdet would find no annotation at
-        all) and the annotations it keeps counted."""
+        all), the classes checked against the categories, and the annotations it keeps counted."""
         anns = raw_data_info['raw_ann_info']
         if not self._ids_checked:
             self._ids_checked = True
-            for cat in self.coco.dataset.get('categories', []):
-                if not isinstance(cat.get('id'), int):
-                    raise ConfigError(f'annotation file {self.ann_file}: category ids must be ints; category '
-                                      f'{cat.get("name")!r} has id {cat.get("id")!r}')
+            self._check_categories()
         for ann in anns:
             if not isinstance(ann.get('category_id'), int):
                 raise ConfigError(f'annotation file {self.ann_file}: category_id must be an int; annotation '

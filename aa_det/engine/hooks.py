@@ -61,6 +61,7 @@ class NumClassesCheckHook(NumClassCheckHook):
                               'number of metainfo.classes') from None
 
     def before_train(self, runner) -> None:
+        self._check_head(runner, 'train')
         if runner.val_loop is not None:
             self._check_head(runner, 'val')
 

@@ -2,6 +2,7 @@
 # A.1): resize so the long side is 640 * [0.8, 1.2] = [512, 768], crop to 640x640, flip with
 # p = 0.5; tests at the training scale (long side 640; README, "Test size", for 1333x800).
 _base_ = 'mmdet::_base_/datasets/coco_detection.py'
+dataset_type = 'CheckedCocoDataset'
 backend_args = None
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),

@@ -1,19 +1,25 @@
 """AAResNet and GSAResNet in mmdet's own detector configs.
 
-A user swaps our backbones into an mmdet detector with one config line,
-``model.backbone.type`` (``--cfg-options model.backbone.type=AAResNet`` on the
-command line), keeping the config's depth-50 ResNet settings, so the neck's
-``in_channels`` still match. ``init_cfg=None`` only because the config's
-ImageNet ResNet checkpoint is not a checkpoint of these backbones.
+A user swaps our backbones into an mmdet detector with one config line on top
+of mmdet's config::
 
-Each case loads the installed mmdet's config by its ``mmdet::`` name (Faster
-R-CNN, Mask R-CNN, Cascade R-CNN, FCOS, ATSS, 4-scale DINO), builds it with
-``MODELS.build`` in mmdet's scope, runs one SGD training step through the
-model's ``train_step`` on two small generated images and one prediction
-through ``test_step``. The step must give a finite loss and train the
-backbone's attention layers; the prediction one ``DetDataSample`` with finite
-boxes per image. Only proposal, sampler and query counts are made smaller, for
-the CPU; the detectors' architectures are mmdet's.
+    _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
+    model = dict(backbone=dict(type='AAResNet', init_cfg=None))
+
+(or ``--cfg-options model.backbone.type=AAResNet model.backbone.init_cfg=None``).
+The config's other ResNet settings (depth 50, ``out_indices``, ``style``,
+``frozen_stages``, ``norm_cfg``) are kept, so the neck's ``in_channels`` still
+match; ``init_cfg=None`` because the config's ImageNet ResNet checkpoint is not
+one of these backbones.
+
+For Faster R-CNN, Mask R-CNN, Cascade R-CNN, FCOS, ATSS and 4-scale DINO, each
+case writes that user config, builds the model with ``MODELS.build`` in mmdet's
+scope, runs one SGD step through the model's ``train_step`` on two small
+generated images and one prediction through ``test_step``. The step must give a
+finite loss, run every attention layer of the backbone and update the backbone;
+the prediction must give one ``DetDataSample`` per image with finite boxes.
+Only proposal, sampler and query counts are made smaller, for the CPU; the
+detectors' architectures are mmdet's.
 """
 import os.path as osp
 
@@ -112,7 +118,7 @@ def test_backbone_trains_and_predicts_in_mmdet_detector(tmp_path, detector, back
     assert torch.isfinite(log_vars['loss']), log_vars
     assert {id(m) for m in calls} == {id(m) for m in attention}  # every attention layer ran in the step
     params = dict(model.backbone.named_parameters())
-    assert any(not torch.equal(params[n], before) for n, before in trainable.items())  # the step trained the backbone
+    assert any(not torch.equal(params[n], before) for n, before in trainable.items())  # the backbone trained
     calls.clear()
 
     model.eval()

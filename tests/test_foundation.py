@@ -150,7 +150,9 @@ def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
     assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(0.001)  # schedule state resumed
     assert (tmp_path / 'epoch_2.pth').exists()
     loaded = _runner(tmp_path / 'load_from', 1, False, load_from=str(tmp_path / 'epoch_2.pth'))
+    loaded.call_hook('before_run')  # as Runner.val / test load: between before_run and after_run
     loaded.load_or_resume()
+    loaded.call_hook('after_run')
     assert torch.equal(loaded.model.linear.weight, runner.model.linear.weight)
     assert HistoryBuffer not in torch.serialization.get_safe_globals()  # the allow-list was scoped
     assert CheckpointLoader._get_checkpoint_loader('x.pth') is load_from_local  # restored by after_run

@@ -315,8 +315,8 @@ def test_num_classes_checked_for_test_only(tiny_shapes, tmp_path):
 
 
 def _mmdet_config(root, base, **extra):
-    """A config file with mmdet's config ``base`` and our runtime as its ``_base_`` (as a user writes
-    it), on the tiny shapes dataset and its 3 classes."""
+    """A config file with mmdet's config ``base`` as its ``_base_`` and our class check added (as a user
+    writes it), on the tiny shapes dataset and its 3 classes."""
     split = {'train': 'train', 'val': 'val', 'test': 'val'}
     options = {f'{s}_dataloader.dataset.{k}': v for s in split for k, v in (
         ('data_root', f'{root}/'), ('ann_file', f'annotations/instances_{split[s]}.json'),
@@ -325,7 +325,8 @@ def _mmdet_config(root, base, **extra):
     options.update({f'{s}_dataloader.{k}': v for s in split for k, v in (('num_workers', 0),
                                                                           ('persistent_workers', False))})
     path = root / osp.basename(base)
-    path.write_text(f'_base_ = [{base!r}, {osp.join(ROOT, "configs/_base_/default_runtime.py")!r}]\n')
+    path.write_text(f"_base_ = {base!r}\ncustom_imports = dict(imports=['aa_det'], allow_failed_imports=False)\n"
+                    "default_hooks = dict(check_classes=dict(type='NumClassesCheckHook'))\n")
     return load_config(str(path), cfg_options=dict(options, **extra))
 
 

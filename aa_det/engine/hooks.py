@@ -8,6 +8,7 @@ from mmdet.engine.hooks import CheckInvalidLossHook, NumClassCheckHook
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
+from mmengine.runner import BaseLoop
 
 from ..utils.compat import module_ints_constant
 from ..utils.errors import ConfigError
@@ -49,9 +50,10 @@ class StopOnNonFiniteLoss(CheckInvalidLossHook):
 @HOOKS.register_module()
 class NumClassesCheckHook(NumClassCheckHook):
     """mmdet's ``NumClassCheckHook`` (every head's ``num_classes`` is the number of the dataset's
-    classes) with one :class:`ConfigError` line, for the training set before each epoch, the
-    validation set before training (mmdet's checks it only when validation starts, after the training
-    epochs) and before each validation, and the test set before testing."""
+    classes) with one :class:`ConfigError` line, before each epoch as mmdet's, and also in
+    ``before_run``, before weights are initialised or loaded, for every dataset of the run: mmdet's
+    checks the validation set only when validation starts, after the training epochs, and never the
+    test set."""
 
     def _check_head(self, runner, mode: str, split: Optional[str] = None) -> None:
         try:
@@ -60,15 +62,15 @@ class NumClassesCheckHook(NumClassCheckHook):
             raise ConfigError(f'{split or mode}_dataloader.dataset: {e}; set model.*head.num_classes to the '
                               'number of metainfo.classes') from None
 
-    def before_train(self, runner) -> None:
-        self._check_head(runner, 'train')
-        if runner.val_loop is not None:
+    def before_run(self, runner) -> None:
+        # the loops Runner.train / val / test built for this run (reading another would build it)
+        if isinstance(runner._train_loop, BaseLoop):
+            self._check_head(runner, 'train')
+        if isinstance(runner._val_loop, BaseLoop):
             self._check_head(runner, 'val')
-
-    def before_test_epoch(self, runner) -> None:
-        # mmdet's check reads the validation loader: it is given the test loader in its place
-        view = SimpleNamespace(model=runner.model, logger=runner.logger, val_dataloader=runner.test_dataloader)
-        self._check_head(view, 'val', split='test')
+        if isinstance(runner._test_loop, BaseLoop):  # mmdet's check reads the validation loader: given the test one
+            view = SimpleNamespace(model=runner.model, logger=runner.logger, val_dataloader=runner.test_dataloader)
+            self._check_head(view, 'val', split='test')
 
 
 def _finite(output) -> bool:

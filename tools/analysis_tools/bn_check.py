@@ -24,11 +24,26 @@ from env_check import require_env, run_cli  # noqa: E402
 require_env()
 
 from mmengine.config import DictAction  # noqa: E402
+from mmengine.hooks import Hook  # noqa: E402
 from mmengine.model import is_model_wrapper  # noqa: E402
 
 from aa_det.utils import ConfigError  # noqa: E402
 from bn_statistics import RunningStatisticsGap, batch_statistics  # noqa: E402
 from config_runner import build_runner, load_config  # noqa: E402
+
+
+class TestEpochContext(Hook):
+    """Open ``context`` for the test epoch only: not while the hooks that start a run (the head-BatchNorm
+    check runs the head) run the model."""
+
+    def __init__(self, context):
+        self.context = context
+
+    def before_test_epoch(self, runner):
+        self.context.__enter__()
+
+    def after_test_epoch(self, runner, metrics=None):
+        self.context.__exit__(None, None, None)
 
 
 def parse_args():
@@ -58,10 +73,10 @@ def main():
     cfg.load_from = args.checkpoint
     runner = build_runner(cfg, splits=('test',))
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    forwards = []
+    forwards, gap = [], RunningStatisticsGap(model)
     handle = model.register_forward_hook(lambda *_: forwards.append(1))
-    with RunningStatisticsGap(model) as gap:
-        running = runner.test()
+    runner.register_hook(TestEpochContext(gap), priority='LOWEST')
+    running = runner.test()
     handle.remove()
     with batch_statistics(model):
         batch = runner.test()

@@ -30,12 +30,13 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import DefaultScope, init_default_scope
 from mmengine.structures import InstanceData
 
-import aa_det  # noqa: F401  (registers AAResNet, GSAResNet)
-from aa_det.models.layers import AAConv2d
-from aa_det.models.layers.gsa import GlobalSelfAttention2d
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.structures.mask import BitmapMasks
+
+import aa_det  # noqa: F401  (registers AAResNet, GSAResNet)
+from aa_det.models.layers import AAConv2d
+from aa_det.models.layers.gsa import GlobalSelfAttention2d
 
 _RPN = {  # two-stage detectors: fewer proposals and sampled RoIs than at COCO scale
     'model.train_cfg.rpn_proposal.nms_pre': 200,

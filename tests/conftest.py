@@ -2,6 +2,7 @@
 ``synthetic_shapes``, ...) importable, as their scripts import them."""
 import functools
 import os.path as osp
+import shutil
 import sys
 
 import mmengine.config.utils
@@ -24,6 +25,12 @@ def tiny_shapes(tmp_path_factory):
     root = tmp_path_factory.mktemp('shapes')
     generate_shapes_coco(str(root), num_train=8, num_val=4, image_size=96)
     return root
+
+
+@pytest.fixture
+def data(tiny_shapes, tmp_path):
+    """A copy of the tiny shapes data to damage."""
+    return shutil.copytree(tiny_shapes, tmp_path / 'data')
 
 
 @pytest.fixture(autouse=True)

@@ -4,11 +4,9 @@
 line: theirs at the end of a traceback, ours alone."""
 import functools
 import glob
-import json
 import os
 import os.path as osp
 import re
-import shutil
 
 import mmdet
 import pytest
@@ -17,6 +15,7 @@ from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
 from config_runner import load_config
+from data_edits import edit_json
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr
 from test_checkpoints import overwrite_bytes
@@ -87,18 +86,6 @@ def test_configs_name_our_types():
 
 
 # --- the same refusals from mmdet's own tools and ours -----------------------------------------------
-
-@pytest.fixture
-def data(tiny_shapes, tmp_path):
-    """A copy of the tiny shapes data to damage."""
-    return shutil.copytree(tiny_shapes, tmp_path / 'data')
-
-
-def edit_json(path, change):
-    coco = json.loads(path.read_text())
-    change(coco)
-    path.write_text(json.dumps(coco))
-
 
 def run(tool, *args, options):
     """``tool`` ('ours/train.py', 'mmdet/test.py', ...) on ``args`` with ``--cfg-options``."""

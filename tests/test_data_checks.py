@@ -5,15 +5,14 @@ import json
 import os
 import os.path as osp
 import re
-import shutil
 
 import pytest
-from mmengine.hooks import Hook
 
 from aa_det.datasets.checked_coco import missing_files
 from aa_det.utils import ConfigError
 from config_runner import build_runner, load_config
 
+from data_edits import assert_stops_before_training, edit_json
 from demo_config import DEMO, ROOT, demo_options
 from tool_output import own_stderr
 from tool_process import run_python
@@ -29,18 +28,6 @@ def run_tool(tool, *args, options=None):
     return run_python(cmd, env=ENV, cwd=ROOT)
 
 
-@pytest.fixture
-def data(tiny_shapes, tmp_path):
-    """A copy of the tiny shapes data to damage."""
-    return shutil.copytree(tiny_shapes, tmp_path / 'data')
-
-
-def edit_json(path, change):
-    coco = json.loads(path.read_text())
-    change(coco)
-    path.write_text(json.dumps(coco))
-
-
 def runner_for(data, tmp_path, **extra):
     cfg = load_config(DEMO, work_dir=str(tmp_path / 'work'), cfg_options=demo_options(data, **ONE_ITER, **extra))
     return cfg, build_runner(cfg)
@@ -48,17 +35,7 @@ def runner_for(data, tmp_path, **extra):
 
 def stops_before_training(data, tmp_path, pattern):
     """Building the run's dataloaders raises ``pattern``; no training iteration ran."""
-    cfg, runner = runner_for(data, tmp_path)
-    steps = []
-
-    class Spy(Hook):
-        def before_train_iter(self, *args, **kwargs):
-            steps.append(1)
-
-    runner.register_hook(Spy())
-    with pytest.raises(ConfigError, match=pattern):
-        runner.train()
-    assert steps == []
+    assert_stops_before_training(runner_for(data, tmp_path)[1], pattern)
 
 
 @pytest.mark.parametrize('split', ['train', 'val'])

@@ -8,7 +8,6 @@ import pytest
 import torch
 from mmcv.cnn.bricks.conv_ws import ConvWS2d
 from mmdet.registry import MODELS
-from mmengine.hooks import Hook
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.utils import ConfigError
@@ -16,6 +15,7 @@ from config_checks import check_model_config
 from config_runner import build_runner, load_config
 from synthetic_shapes import generate_shapes_coco
 
+from data_edits import assert_stops_before_training
 from demo_config import DEMO, ROOT, demo_options
 from tool_process import run_python
 
@@ -286,16 +286,7 @@ def _stops(cfg, tmp_path, pattern, run='train'):
     """The Runner of ``cfg`` stops with ``pattern`` before its first training iteration."""
     cfg.work_dir = str(tmp_path / 'work')
     runner = build_runner(cfg, splits=('test',) if run == 'test' else ('train', 'val', 'test'))
-    steps = []
-
-    class Spy(Hook):
-        def before_train_iter(self, *args, **kwargs):
-            steps.append(1)
-
-    runner.register_hook(Spy())
-    with pytest.raises(ConfigError, match=pattern):
-        getattr(runner, run)()
-    assert steps == []
+    assert_stops_before_training(runner, pattern, run)
 
 
 def test_demo_config_passes_the_checks(tiny_shapes):

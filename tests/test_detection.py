@@ -21,6 +21,7 @@ from aa_det.utils.compat import TORCH_VERSION
 from config_runner import build_runner, load_config
 from synthetic_shapes import generate_shapes_coco
 
+from data_edits import edit_json
 from demo_config import DEMO, ROOT, demo_options
 from tool_process import run_python
 
@@ -296,18 +297,25 @@ def test_syncbn_configs_load_runnable_without_gpus(launcher):
         assert cfg.env_cfg.dist_cfg.backend == 'gloo' and cfg.model_wrapper_cfg.device_ids is None
 
 
-def test_mmdet_own_train_entry_runs_our_config(tiny_shapes, tmp_path):
-    """mmdet's own tools/train.py (the one in mmdet's wheel) trains the demo config in a fresh process,
-    SyncBN included: the config's ``custom_imports`` registers the plugin."""
+def test_mmdet_own_train_entry_runs_our_config(data, tmp_path):
+    """mmdet's own tools/train.py (the one in mmdet's wheel) trains and evaluates the demo config in a fresh
+    process, SyncBN included, on a validation file without ``info`` (the config's LenientCocoMetric), then
+    resumes from its checkpoint under torch's safe loading (the config's CheckpointCheckHook): the
+    config's ``custom_imports`` registers the plugin."""
     import mmdet
     train = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
-    opts = demo_options(tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4,
-                                        'model.test_cfg.score_thr': 0.0})
-    out = subprocess.run([sys.executable, train, DEMO, '--work-dir', str(tmp_path), '--cfg-options']
-                         + [f'{k}={v}' for k, v in opts.items()],
-                         capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS='1'))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert osp.isfile(tmp_path / 'epoch_1.pth')
+    edit_json(data / 'annotations' / 'instances_val.json', lambda coco: coco.pop('info'))
+    work = tmp_path / 'work'
+    for epochs, resume in ((1, []), (2, ['--resume'])):
+        opts = demo_options(data, **{'train_cfg.max_epochs': epochs, 'train_cfg.val_interval': 1,
+                                     'train_dataloader.batch_size': 4,
+                                     'model.test_cfg.score_thr': 0.0})
+        out = subprocess.run([sys.executable, train, DEMO, '--work-dir', str(work), *resume, '--cfg-options']
+                             + [f'{k}={v}' for k, v in opts.items()],
+                             capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS='1'))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert osp.isfile(work / f'epoch_{epochs}.pth') and 'coco/bbox_mAP' in out.stdout + out.stderr
+    assert 'resumed epoch: 1, iter: 2' in out.stdout + out.stderr
 
 
 @pytest.mark.slow  # 40-90 s each on 2 cores

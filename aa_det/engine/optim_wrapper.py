@@ -9,8 +9,7 @@ class MergedGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     """mmengine's default constructor, with the param groups whose settings are equal merged into one.
 
     With a ``paramwise_cfg`` mmengine gives every parameter its own group, and SGD's foreach kernels
-    run once per group: about 900 of the 4,900 CUDA kernels of a RetinaNet ResNet-50 training step
-    (docs/benchmarks.md). Merged, the groups are as many as the distinct settings, in the order of
+    run once per group (docs/benchmarks.md counts them). Merged, the groups are as many as the distinct settings, in the order of
     their first parameter, and every parameter gets the same update. An optimizer state saved with
     per-parameter groups does not load into merged ones (``load_from`` its weights instead).
 

@@ -49,11 +49,9 @@ class StopOnNonFiniteLoss(CheckInvalidLossHook):
 
 @HOOKS.register_module()
 class NumClassesCheckHook(NumClassCheckHook):
-    """mmdet's ``NumClassCheckHook`` (every head's ``num_classes`` is the number of the dataset's
-    classes) with one :class:`ConfigError` line, before each epoch as mmdet's, and also in
-    ``before_run``, before weights are initialised or loaded, for every dataset of the run: mmdet's
-    checks the validation set only when validation starts, after the training epochs, and never the
-    test set."""
+    """mmdet's ``NumClassCheckHook`` (each head's ``num_classes`` against the dataset's classes) with one
+    :class:`ConfigError` line, also in ``before_run`` (weights not loaded yet) for every dataset of the run:
+    mmdet's checks validation data only when validation starts, after training, and never test data."""
 
     def _check_head(self, runner, mode: str, split: Optional[str] = None) -> None:
         try:
@@ -99,14 +97,10 @@ def first_non_finite_module(module: torch.nn.Module, inputs: tuple, prefix: str)
 
 @HOOKS.register_module()
 class StopOnNonFiniteOutputs(Hook):
-    """End validation and testing with :class:`NonFiniteOutputError` when outputs hold NaN or inf (a
-    detector whose features are NaN predicts nothing: COCO mAP alone reads as a poor model).
-
-    Every batch, the backbone's features (a forward hook) and the predicted ``bboxes`` / ``scores`` are
-    checked. At the first bad batch the backbone runs once more with a hook on every submodule, to name
-    the first whose output is not finite; after the evaluation's last batch one line says how many
-    batches were bad, the first one's input size and module.
-    """
+    """End validation and testing with :class:`NonFiniteOutputError` when the backbone's features or the
+    predicted ``bboxes`` / ``scores`` of any batch hold NaN or inf (a detector whose features are NaN predicts
+    nothing: COCO mAP alone reads as a poor model). At the first bad batch the backbone runs once more
+    with a hook on every submodule, to name the first whose output is not finite."""
 
     priority = 'LOW'
 
@@ -194,34 +188,26 @@ def shared_head_norms(head: torch.nn.Module) -> List[Tuple[str, int]]:
     return [(name, n) for name, n in calls.items() if n > 1]
 
 
-def shared_head_norm_warning(model: torch.nn.Module) -> Optional[str]:
-    """One line naming the dense head that applies its BatchNorms to every FPN level, what that costs at
-    evaluation and the fix; ``None`` when no head does."""
-    for key in ('bbox_head', 'rpn_head'):
-        head = getattr(model, key, None)
-        shared = shared_head_norms(head) if isinstance(head, torch.nn.Module) else []
-        if not shared:
-            continue
-        name, levels = type(head).__name__, max(calls for _, calls in shared)
-        fix = (f"type='RetinaSepBNHead' with num_ins={levels} (convs shared, one BatchNorm per level; "
-               "optim_wrapper.paramwise_cfg.bypass_duplicate=True)" if name == 'RetinaHead'
-               else 'a head with one BatchNorm per level')
-        return (f'model.{key} ({name}) applies each of its {len(shared)} BatchNorms to all {levels} FPN levels: '
-                "their running statistics average the levels' distributions, so evaluation in eval mode "
-                f"scores far below what the weights reach; use {fix}, or norm_cfg=dict(type='GN', "
-                'num_groups=32); tools/analysis_tools/bn_check.py measures the gap')
-    return None
-
-
 @HOOKS.register_module()
 class HeadNormCheckHook(Hook):
-    """Warn when a run starts if a dense head shares its BatchNorms across FPN levels
-    (:func:`shared_head_norm_warning`; docs/detection.md, "BatchNorm in the head")."""
+    """Warn when a run starts if a dense head applies its BatchNorms to every FPN level: their running
+    statistics average the levels', and eval mode scores far below what the weights reach
+    (docs/detection.md, "BatchNorm in the head")."""
 
     def before_run(self, runner) -> None:
-        warning = shared_head_norm_warning(_unwrapped(runner))
-        if warning:
-            runner.logger.warning(warning)
+        for key in ('bbox_head', 'rpn_head'):
+            head = getattr(_unwrapped(runner), key, None)
+            shared = shared_head_norms(head) if isinstance(head, torch.nn.Module) else []
+            if shared:
+                name, levels = type(head).__name__, max(calls for _, calls in shared)
+                fix = (f"type='RetinaSepBNHead' with num_ins={levels} (convs shared, one BatchNorm per level; "
+                       "optim_wrapper.paramwise_cfg.bypass_duplicate=True)" if name == 'RetinaHead'
+                       else 'a head with one BatchNorm per level')
+                runner.logger.warning(
+                    f'model.{key} ({name}) applies each of its {len(shared)} BatchNorms to all {levels} FPN levels: '
+                    "their running statistics average the levels' distributions, so evaluation in eval mode "
+                    f"scores far below what the weights reach; use {fix}, or norm_cfg=dict(type='GN', "
+                    'num_groups=32); tools/analysis_tools/bn_check.py measures the gap')
 
 
 @HOOKS.register_module()

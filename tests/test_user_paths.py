@@ -123,6 +123,7 @@ def test_annotation_without_info_trains_and_evaluates(tmp_path):
     ('garbage', r'not valid JSON: \S+instances.json, line 1, column 1'),
     ('[{"images": [], "annotations": [], "categories": []}]', r'is not a JSON object .*instances.json: it holds a list'),
     ('{"images": []}', r"has no top-level 'categories': \S+instances.json: its top-level keys are \['images'\]"),
+    ('{"images": [], "annotations": [], "categories": [1, 2]}', r'is not COCO format: \S+instances.json: TypeError'),
     ('\n { "images" : [],\n"annotations":[], "categories"\t: [{"id": 1, "name": "circle"}] }\n\n', None),
 ])
 def test_annotation_file_problems_name_the_file(tmp_path, text, error):

@@ -127,6 +127,8 @@ class CheckedCocoDataset(CocoDataset):
         except AssertionError:  # pycocotools: 'annotation file format ... not supported'
             raise ConfigError(f'annotation file is not a JSON object ({{...}}): {self.ann_file}: '
                               f'{nesting_hint(self.ann_file)}') from None
+        except (TypeError, AttributeError) as e:  # pycocotools indexes entries that are no dicts
+            raise ConfigError(f'annotation file is not COCO format: {self.ann_file}: {type(e).__name__}: {e}') from None
         return data_list
 
     def _check_categories(self):

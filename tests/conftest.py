@@ -9,9 +9,9 @@ import mmengine.config.utils
 import pytest
 
 # mmengine parses every metafile of a package's model index (306 YAML files, about 0.5 s) each time a
-# config names one of its configs by package scope; the tests load a few hundred configs, so the
-# result, which depends only on the installed package, is kept per (package, config) in this process.
-mmengine.config.utils._get_cfg_metainfo = functools.lru_cache(maxsize=None)(mmengine.config.utils._get_cfg_metainfo)
+# config names one of its bases by package scope; the tests load a few hundred configs, so the files,
+# which are the installed package's, are parsed once in this process.
+mmengine.config.utils.load = functools.lru_cache(maxsize=None)(mmengine.config.utils.load)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path += [osp.join(ROOT, 'tools'), osp.join(ROOT, 'tools', 'analysis_tools'), osp.join(ROOT, 'demo')]

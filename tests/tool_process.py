@@ -10,6 +10,7 @@ copied. What such a child cannot show, a plain ``subprocess`` tests: the imports
 (``test_foundation``), another interpreter or venv (``test_stacks``), a config's ``custom_imports``.
 """
 import atexit
+import functools
 import json
 import os
 import os.path as osp
@@ -96,6 +97,20 @@ def _child(request):
     os._exit(code)
 
 
+def _parse_model_indexes_once():
+    """mmengine parses every metafile of a package's model index (hundreds of YAML files, about 0.5 s)
+    whenever a config names one of its bases by package scope (``mmdet::``): the files, which are the
+    installed packages', are parsed once here, and every child starts with them parsed."""
+    import mmengine.config.utils as config_utils
+    from mmengine.utils import get_installed_path
+    config_utils.load = functools.lru_cache(maxsize=None)(config_utils.load)
+    for package in ('mmdet', 'mmpretrain'):
+        try:
+            config_utils._get_cfg_metainfo(get_installed_path(package), '')
+        except (ValueError, ImportError, OSError):  # '' names no config, after every metafile was read
+            pass
+
+
 def _serve():
     """Import :data:`PRELOAD`, then fork one child per request line and answer its exit status."""
     for name in PRELOAD:
@@ -103,6 +118,7 @@ def _serve():
             __import__(name)
         except ImportError:  # a stack without it: the tool that needs it fails in its child, as it would alone
             pass
+    _parse_model_indexes_once()
     for line in sys.stdin:
         request = json.loads(line)
         pid = os.fork()

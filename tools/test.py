@@ -1,5 +1,4 @@
-"""Evaluate a checkpoint (mmdet's tools/test.py semantics); COCO bbox mAP via CocoMetric
-(LenientCocoMetric: also for annotation files without `info`).
+"""Evaluate a checkpoint (mmdet's tools/test.py semantics; the config's evaluator, e.g. COCO bbox mAP).
 
     .venv/bin/python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--partial-load]
         [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]

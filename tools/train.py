@@ -3,10 +3,11 @@
     .venv/bin/python tools/train.py CONFIG [--work-dir DIR] [--resume [CKPT]] [--amp [--amp-dtype bfloat16]]
         [--auto-scale-lr] [--partial-load] [--cfg-options k=v ...] [--launcher {none,pytorch,slurm,mpi}]
 
-Differences from mmdet's: a one-line error outside the environment, SyncBN becomes BN
-in a single process, gloo instead of nccl without CUDA, bf16 autocast for --amp on the CPU
-(CPUAmpOptimWrapper), COCO annotation files without `info` evaluate (LenientCocoMetric), a barrier and
-the process group destroyed after a finished distributed run (close_process_group).
+The config runs as in mmdet's own tools/train.py; the differences are command-line and machine semantics
+(config_runner.load_config, docs/detection.md): one `aa_det:` line for a bad input, bf16 autocast for --amp
+on the CPU, --amp-dtype, SyncBN / gloo / DDP without device ids for a distributed run without GPUs, what
+mmengine's `compile` option needs on the installed torch, the checks before the model is built, and a
+barrier and the process group destroyed after a finished distributed run.
 """
 import argparse
 import os

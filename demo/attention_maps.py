@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.relative_attention import relative_logits
+from aa_det.models.layers.aa_conv import relative_logits
 from aa_det.models.layers.relative_position import relative_index
 
 
@@ -53,7 +53,7 @@ def aa_weights(conv: AAConv2d, x: Tensor, queries: Tensor) -> Tensor:
     idx = queries[:, 0] * w + queries[:, 1]
     logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
     if conv.position == 'relative':
-        rel_h, rel_w = relative_logits(q.reshape(*q.shape[:2], h, w, -1), *conv.relative_tables(h, w))
+        rel_h, rel_w = relative_logits(q, *conv.relative_tables(h, w), h, w)
         logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
                   + rel_w[:, :, idx, None, :]).flatten(-2)
     return logits.float().softmax(-1).view(*logits.shape[:3], h, w)

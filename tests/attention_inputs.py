@@ -1,5 +1,5 @@
 """Inputs and the error measure shared by the low-precision tests (tests/test_low_precision.py) and
-the CUDA-policy tests (tests/test_kernel_policy.py)."""
+the tests of what a GPU runs (tests/test_cuda_path.py)."""
 import torch
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.relative_attention import relative_attention
+from aa_det.models.layers.aa_conv import relative_attention
 from kernel_references import gsa_qkv
 
 sys.path.insert(0, osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'demo'))

@@ -83,29 +83,6 @@ def test_aa_layer_compiles_with_inductor_and_dynamic_shapes():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not hasattr(torch._inductor.config, 'force_pointwise_cat'),
-                    reason="inductor's force_pointwise_cat (the GPU's cat lowering on the CPU) needs torch >= 2.5")
-def test_relative_index_gathers_compile_with_the_gpus_cat_lowering():
-    """AA's fold index and GSA's axial index, built in the graph and gathered from, compile with the
-    concatenation lowered as one pointwise kernel, as inductor lowers it on GPUs (``force_pointwise_cat``
-    on the CPU): a clamp in :func:`relative_index` became sympy Min / Max in that kernel's index and stopped
-    inductor ("... is not comparable"; CUDA, AA-ResNet-50 and GSA-ResNet-50 at 640x640). Values as eager's."""
-    from aa_det.models.layers.gsa import _axial_index
-    from aa_det.models.layers.relative_attention import _fold_index
-    torch._dynamo.reset()
-    table = torch.randn(7 + 7, 3)  # GSA: both axes' tables (M = 4), offsets clipped on 12 and 10
-    products = torch.randn(12 * 10, 4 + 7 + 7 + 1)  # AA: a query's own 4 columns, both tables' rows, a zero
-
-    def gathers(table, products):
-        return (table.index_select(0, _axial_index(12, 4, 10, 4, table.device)),
-                products.gather(-1, _fold_index(12, 10, 4, 7, 7, 2, products.device)))
-
-    with torch._inductor.config.patch(force_pointwise_cat=True, fx_graph_cache=False):
-        out = torch.compile(gathers, fullgraph=True)(table, products)
-    for a, b in zip(out, gathers(table, products)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
 def test_backbone_compiles_with_inductor_fullgraph(backbone):
@@ -215,7 +192,7 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     tells rounding from a wrong graph. In float32 AA's outputs and gradients are eager's within 1e-3 too.
     AA with mmdet's frozen BatchNorm (``norm_eval=True``), GSA with training BatchNorm (GSA with fresh running
     statistics is not finite at this size, docs/design.md). The ``'cuda'`` case runs the CUDA path's kernels
-    on CPU tensors under bf16 autocast (under CPU fp16 autocast inductor stops in ``at::autocast::prioritize``),
+    (AA's ``impl='sdpa'``) on CPU tensors under bf16 autocast (under CPU fp16 autocast inductor stops in ``at::autocast::prioritize``),
     with concatenations lowered as on GPUs (``force_pointwise_cat``, torch >= 2.5).
     Prints the compile time (docs/benchmarks.md); minutes per case on 2 cores."""
     import copy
@@ -227,31 +204,33 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
 
     import aa_det  # noqa: F401
     from aa_det.engine import hooks
-    from aa_det.models.layers.kernel_policy import force_policy
+    from aa_det.models.layers import AAConv2d
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = MODELS.build(dict(type=backbone, depth=50, norm_eval=norm_eval))
     model.train()  # mmdet's ResNet.train returns None
     x = torch.randn(1, 3, 640, 640, generator=torch.Generator().manual_seed(0))
-    with force_policy('cpu'), torch.no_grad():
+    with torch.no_grad():
         exact = copy.deepcopy(model).double()(x.double())  # float64: the reference of both runs
     amp = torch.autocast('cpu', dtype=torch.bfloat16, enabled=policy == 'cuda')
-    with force_policy(policy):
+    for module in model.modules():
+        if isinstance(module, AAConv2d) and policy == 'cuda':
+            module.impl = 'sdpa'  # CUDA's kernel
+    with amp:
+        ref = model(x)
+    exact_gradients = backbone == 'AAResNet' and policy == 'cpu'  # compared with eager's below
+    g_ref = torch.autograd.grad(ref[-1].square().sum(), list(model.parameters()),
+                                allow_unused=True) if exact_gradients else None
+    runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
+    hooks.CompileBackboneHook().before_train(runner)
+    start = time.time()
+    gpu_lowering = policy == 'cuda' and hasattr(torch._inductor.config, 'force_pointwise_cat')
+    with torch._inductor.config.patch(force_pointwise_cat=True) if gpu_lowering else nullcontext():
         with amp:
-            ref = model(x)
-        exact_gradients = backbone == 'AAResNet' and policy == 'cpu'  # compared with eager's below
-        g_ref = torch.autograd.grad(ref[-1].square().sum(), list(model.parameters()),
-                                    allow_unused=True) if exact_gradients else None
-        runner = SimpleNamespace(model=SimpleNamespace(backbone=model), logger=SimpleNamespace(info=print))
-        hooks.CompileBackboneHook().before_train(runner)
-        start = time.time()
-        gpu_lowering = policy == 'cuda' and hasattr(torch._inductor.config, 'force_pointwise_cat')
-        with torch._inductor.config.patch(force_pointwise_cat=True) if gpu_lowering else nullcontext():
-            with amp:
-                out = model(x)
-            g = torch.autograd.grad(out[-1].float().square().sum(), list(model.parameters()), allow_unused=True)
-        print(f'{backbone} ({policy} policy) compiled at 640x640 in {time.time() - start:.0f} s (first forward + '
-              f'backward)')
+            out = model(x)
+        g = torch.autograd.grad(out[-1].float().square().sum(), list(model.parameters()), allow_unused=True)
+    print(f'{backbone} ({policy} policy) compiled at 640x640 in {time.time() - start:.0f} s (first forward + '
+          f'backward)')
     for level, (e, r, o) in enumerate(zip(exact, ref, out)):
         eager_error, compiled_error = ((t.double() - e).abs().mean().item() for t in (r, o))
         print(f'level {level}: mean |eager - float64| {eager_error:.3g}, |compiled - float64| {compiled_error:.3g}')

@@ -1,8 +1,8 @@
 """The kernels under fp16 / bf16 (AMP): error bounded by PyTorch's own SDPA error on the same inputs
 and dtype, outputs and gradients finite on large-magnitude inputs, kernels chosen per device and dtype.
 
-The CPU tests drive the same functions the CUDA path runs (``attention_sdpa_folded`` on low-precision
-inputs, GSA's kernels on fp16 inputs); the ``cuda`` tests repeat them through autocast on a GPU.
+The CPU tests drive the same functions the CUDA path runs (``relative_attention(impl='sdpa')`` on
+low-precision inputs, GSA's kernels in their compute dtype); the ``cuda`` tests repeat them through autocast on a GPU.
 Errors are relative Frobenius norms against float64 (single elements are rounding noise).
 """
 import contextlib
@@ -12,11 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
-from aa_det.models.layers.gsa import column_attention, content_attention, row_attention
-from aa_det.models.layers.kernel_policy import compute_dtype
-from aa_det.models.layers.relative_attention import (_add_relative, attention_materialized, attention_sdpa_folded,
-                                                     choose_impl, kernel_dtype,
-                                                     relative_attention, relative_logits)
+from aa_det.models.layers.aa_conv import attention_materialized, relative_attention, relative_logits
+from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention, row_attention
 
 from attention_inputs import aa_inputs, rel_err
 from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL, CPU_FP16_SDPA
@@ -35,12 +32,11 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
     acc = torch.float64 if dtype == torch.float64 else torch.float32  # relative logits, as under AMP
     qs, ks, vs = (t.to(dtype).requires_grad_() for t in (q, k, v))
     ths, tws = (t.to(acc).requires_grad_() for t in (th, tw))
-    B, Nh, N, d = q.shape
     if kind == 'ours':
-        out = attention_sdpa_folded(qs, ks, vs, ths, tws, H, W, dtype)
+        out = relative_attention(qs, ks, vs, ths, tws, H, W, impl='sdpa')
     else:
-        rel_h, rel_w = relative_logits(qs.to(acc).view(B, Nh, H, W, d), ths, tws)
-        bias = _add_relative(torch.zeros(B, Nh, N, N, dtype=acc, device=device), rel_h, rel_w, H, W)
+        rel_h, rel_w = relative_logits(qs.to(acc), ths, tws, H, W)
+        bias = (rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)  # [B, Nh, HW, HW]
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias.to(dtype), scale=1.0)
     grads = torch.autograd.grad((out.double() * gout).sum(), (qs, ks, vs, ths, tws))
     return [t.cpu() for t in (out, *grads)]
@@ -66,18 +62,16 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range(q_scale, table_scale
     (with a small output gradient: q's is the tables' size), fold through a power-of-two scale: output and
     gradients finite, and the output is the float32 kernel's on the relative logits float16 holds, unfolded
     (the scale itself adds no error)."""
-    from aa_det.models.layers.relative_attention import folded_queries
     q, k, v, th, tw, gout = aa_inputs(0)
     q, th, tw, gout = q * q_scale, th * table_scale, tw * table_scale, gout * grad_scale  # |q . r| ~ 1e5-1e6
     out, *grads = _aa_run('ours', (q, k, v, th, tw, gout), torch.float16)
     assert all(torch.isfinite(t).all() for t in (out, *grads))
-    folded, scale = folded_queries(q.half(), th.float(), tw.float(), 12, 10, 0, torch.float16)
-    assert scale > 1
-    rel = folded[..., 20:].float() * scale  # [B, Nh, HW, H + W]
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
-    exact = torch.cat(relative_logits(q16.view(2, 4, 12, 10, 20), th.float(), tw.float()), -1)
-    torch.testing.assert_close(rel, exact, rtol=0, atol=2e-3 * exact.abs().max().item())  # float16's rounding
-    expected = attention_materialized(q16, k16, v16, rel[..., :12], rel[..., 12:], 12, 10)
+    rel_h, rel_w = relative_logits(q16, th.float(), tw.float(), 12, 10)
+    s = 2.0 ** torch.frexp(torch.maximum(rel_h.abs().amax(), rel_w.abs().amax()) / 2 ** 14).exponent.clamp(0, 15)
+    assert (s > 1) == (q_scale == 1)  # table entries past 65504 stay float32: only large logits need s
+    rel_h, rel_w = ((t / s).half().float() * s for t in (rel_h, rel_w))  # what float16 holds, unfolded
+    expected = attention_materialized(q16, k16, v16, rel_h, rel_w, 12, 10)
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
 
 
@@ -94,10 +88,13 @@ GSA_KERNELS = {'content': lambda q, k, v, t: content_attention(q, k, v),
 
 
 def _gsa_run(kernel, inputs, dtype, device='cpu'):
+    """A GSA kernel's output and gradients on inputs in ``dtype``, computed as the module does: in
+    ``compute_dtype``."""
     q, k, v, table, gout = (t.to(device) for t in inputs)
     ts = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    dtype = compute_dtype(dtype, torch.device(device))
     tab = table.to(torch.promote_types(dtype, torch.float32)).requires_grad_()
-    out = GSA_KERNELS[kernel](*ts, tab)
+    out = GSA_KERNELS[kernel](*(t.to(dtype) for t in ts), tab)
     grads = torch.autograd.grad((out.double() * gout).sum(), ts + [tab], allow_unused=True)
     return [t.cpu() for t in (out, *grads) if t is not None]
 
@@ -113,9 +110,9 @@ def test_gsa_kernel_error_is_pytorchs_sdpa_error_in_its_compute_dtype(kernel, dt
     inputs = _gsa_inputs(0)
     ref = _gsa_run(kernel, inputs, torch.float64)
     ours = _gsa_run(kernel, inputs, dtype)
-    assert ours[0].dtype == compute_dtype(dtype, 'cpu')
+    assert ours[0].dtype == compute_dtype(dtype, torch.device('cpu'))
     q, k, v = (t.flatten(-2).transpose(-1, -2) for t in inputs[:3])
-    sdpa = F.scaled_dot_product_attention(*(t.to(compute_dtype(dtype, 'cpu')) for t in (q, k, v)))
+    sdpa = F.scaled_dot_product_attention(*(t.to(compute_dtype(dtype, torch.device('cpu'))) for t in (q, k, v)))
     bound = 1.5 * rel_err(sdpa, F.scaled_dot_product_attention(q, k, v))
     for a, r in zip(ours, ref):
         assert rel_err(a, r) <= bound, (rel_err(a, r), bound)
@@ -135,20 +132,20 @@ def test_gsa_under_fp16_autocast_stays_finite_on_large_inputs(device):
     assert all(torch.isfinite(p.grad).all() for p in gsa.parameters() if p.grad is not None)
 
 
-def test_kernels_are_chosen_per_device_and_dtype():
-    """CPU: blocked, float32, whatever autocast says. CUDA: fused SDPA on the autocast dtype under
-    AMP; in float32, materialised for small maps and fused above 64 MiB of logits."""
-    for amp in (None, torch.bfloat16, torch.float16):
-        assert choose_impl('cpu', 10, amp) == choose_impl('cpu', 10 ** 12, amp) == 'blocked'
-        assert kernel_dtype('cpu', 'blocked', torch.bfloat16, amp) == torch.float32
-    assert kernel_dtype('cpu', 'blocked', torch.float64) == torch.float64
-    for amp in LOW:
-        assert choose_impl('cuda', 2 * 8 * 400 ** 2, amp) == choose_impl('cuda', 8 * 8 * 1600 ** 2, amp) == 'sdpa'
-        assert kernel_dtype('cuda', 'sdpa', amp, amp) == amp
-        assert kernel_dtype('cuda', 'materialized', amp, amp) == torch.float32  # an explicit impl= stays fp32
-    assert choose_impl('cuda', 2 * 8 * 400 ** 2) == 'materialized'
-    assert compute_dtype(torch.float16, 'cpu') == torch.bfloat16
-    assert compute_dtype(torch.bfloat16, 'cpu') == torch.bfloat16 and compute_dtype(torch.float32, 'cpu') == torch.float32
+def test_kernels_compute_in_float32_on_the_cpu_and_in_bf16_for_gsa_under_fp16():
+    """AA on the CPU: the blocked kernel in float32 whatever autocast says, float64 as it is; the output in the
+    inputs' dtype. GSA: float16 computes in bfloat16, other dtypes as they are."""
+    q, k, v, th, tw, _ = aa_inputs(0)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = relative_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), th.float(), tw.float(), 12, 10)
+    ref = relative_attention(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), th.float(),
+                             tw.float(), 12, 10, impl='materialized')
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref.bfloat16())
+    assert relative_attention(q, k, v, th, tw, 12, 10).dtype == torch.float64
+    cpu = torch.device('cpu')
+    assert compute_dtype(torch.float16, cpu) == torch.bfloat16
+    assert compute_dtype(torch.bfloat16, cpu) == torch.bfloat16 and compute_dtype(torch.float32, cpu) == torch.float32
 
 
 @cuda

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from aa_det.models.layers import AAConv2d, aa_channels
-from aa_det.models.layers.relative_attention import choose_impl, relative_attention
+from aa_det.models.layers import aa_conv
+from aa_det.models.layers.aa_conv import relative_attention
 
 from kernel_references import attention_reference
 from torch_versions import CPU_FP16_AUTOCAST
@@ -23,7 +24,7 @@ def _inputs(B=2, Nh=3, H=5, W=7, d=4, dv=6, max_dist=4, seed=0):
 @pytest.mark.parametrize('impl', ['materialized', 'blocked', 'sdpa'])
 def test_kernels_match_loop_reference(impl, H, W, max_dist):
     q, k, v, th, tw = _inputs(H=H, W=W, max_dist=max_dist)
-    extra = dict(block_elems=2 * 3 * H * W * 2) if impl == 'blocked' else {}  # 2 query rows/block
+    extra = dict(block_logits=2 * 3 * H * W * 2) if impl == 'blocked' else {}  # 2 query rows/block
     results = []
     for out in (attention_reference(q, k, v, th, tw, H, W),
                 relative_attention(q, k, v, th, tw, H, W, impl=impl, **extra)):
@@ -36,50 +37,29 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
 
 
 def test_blocked_path_never_materialises_full_logits(monkeypatch):
-    """With a small block bound, no logits block exceeds it, in the forward or the backward."""
-    from aa_det.models.layers import relative_attention as ra
+    """With a small block bound, no logits block exceeds it, in the forward or the backward (which recomputes
+    each block)."""
     seen = []
-    real = ra._block_probs
+    real = aa_conv.attention_materialized
 
     def spy(q, k, *args):
         seen.append(q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2])
         return real(q, k, *args)
 
-    monkeypatch.setattr(ra, '_block_probs', spy)
+    monkeypatch.setattr(aa_conv, 'attention_materialized', spy)
     q, k, v, th, tw = _inputs(H=9, W=11)
     bound = 2 * 3 * 99 * 10
-    out = ra.relative_attention(q, k, v, th, tw, 9, 11, impl='blocked', block_elems=bound)
+    out = relative_attention(q, k, v, th, tw, 9, 11, impl='blocked', block_logits=bound)
     forward_calls = len(seen)
     out.sum().backward()
     assert forward_calls == 10 and len(seen) == 20  # ceil(99 / 10) blocks in each pass
     assert max(seen) <= bound < 2 * 3 * 99 * 99
 
 
-def test_folded_path_keeps_only_the_folded_queries_for_the_backward(monkeypatch):
-    """The folded kernel's gather saves its input's size, not its input (``q`` times every table row:
-    ``d + 2 (2M - 1) + 1`` columns, several times the folded queries'), so the products are freed after the
-    forward; the gradients stay eq. (3)'s (``test_kernels_match_loop_reference``)."""
-    import weakref
-
-    from aa_det.models.layers import relative_attention as ra
-    q, k, v, th, tw = _inputs(H=9, W=11, max_dist=12)
-    products, real_gather = [], ra._gather
-
-    def spy(t, index):
-        products.append(weakref.ref(t))
-        return real_gather(t, index)
-
-    monkeypatch.setattr(ra, '_gather', spy)
-    out = ra.relative_attention(q, k, v, th, tw, 9, 11, impl='sdpa')
-    assert products and products[0]() is None  # freed while the output, and its graph, live
-    out.sum().backward()
-    assert all(t.grad is not None for t in (q, k, v, th, tw))
-
-
 def test_blocked_path_without_position_encoding_matches_reference():
     q, k, v, _, _ = _inputs(H=4, W=6)
     outs = [attention_reference(q, k, v, None, None, 4, 6),
-            relative_attention(q, k, v, None, None, 4, 6, impl='blocked', block_elems=2 * 3 * 24 * 5)]
+            relative_attention(q, k, v, None, None, 4, 6, impl='blocked', block_logits=2 * 3 * 24 * 5)]
     grads = [torch.autograd.grad(o.sin().sum(), (q, k, v)) for o in outs]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-10)
     for a, b in zip(grads[1], grads[0]):
@@ -201,13 +181,6 @@ def test_channel_rule_reproduces_table9():
                                                                           (160, 48)]
 
 
-def test_auto_picks_bounded_kernels():
-    """CPU: always 'blocked'; CUDA: materialised up to 64 MiB of logits, else fused SDPA."""
-    assert choose_impl('cpu', 10 ** 12) == choose_impl('cpu', 10) == 'blocked'
-    assert choose_impl('cuda', 2 * 8 * 400 ** 2) == 'materialized'  # stage 4 of a 640 crop
-    assert choose_impl('cuda', 2 * 8 * 1600 ** 2) == 'sdpa'  # stage 3: 40x40
-
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
 
@@ -251,20 +224,3 @@ def test_cuda_autocast_keeps_logits_finite(dtype):
     assert torch.isfinite(out).all()
     out.float().square().mean().backward()
     assert all(torch.isfinite(p.grad).all() for p in conv.parameters() if p.grad is not None)
-
-
-def test_blocked_backward_called_under_autocast_stays_float32():
-    """`.backward()` inside a bf16 autocast region: the blocked kernel's own backward still runs
-    in float32 (PyTorch's built-in backward formulas would be autocast there; mmengine does not
-    call backward under autocast, this guards users who do)."""
-    from aa_det.models.layers.relative_attention import attention_blocked
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 64, 16, generator=g, requires_grad=True) for _ in range(3))
-    rel_h, rel_w = (torch.randn(2, 3, 64, 8, generator=g, requires_grad=True) for _ in range(2))
-    grads = []
-    for autocast in (False, True):
-        out = attention_blocked(q, k, v, rel_h, rel_w, 8, 8, block_elems=2 * 3 * 64 * 8)
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
-            grads.append(torch.autograd.grad(out.square().sum(), (q, k, v, rel_h, rel_w)))
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)

@@ -1,6 +1,5 @@
-"""Attention primitives (no mmdet imports): AA conv, GSA module and their kernels
-(``relative_attention.relative_attention``)."""
-from .aa_conv import AAConv2d, aa_channels
+"""Attention layers (no mmdet imports): the AA convolution and the GSA module."""
+from .aa_conv import AAConv2d, aa_channels, relative_attention
 from .gsa import GlobalSelfAttention2d
 
-__all__ = ['AAConv2d', 'aa_channels', 'GlobalSelfAttention2d']
+__all__ = ['AAConv2d', 'aa_channels', 'relative_attention', 'GlobalSelfAttention2d']

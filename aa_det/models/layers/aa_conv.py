@@ -1,7 +1,15 @@
-"""Attention augmented convolution.
+"""Attention augmented convolution and its relative self-attention.
 
 Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, Sec. 3 and Fig. 2:
-``AAConv(X) = Concat[Conv(X), MHA(X)]``, ``out_channels - dv`` conv filters and ``dv`` attention channels.
+``AAConv(X) = Concat[Conv(X), MHA(X)]``, ``out_channels - dv`` conv filters and ``dv`` attention channels, with
+eq. (3)'s logits ``q_i . k_j + q_i . r^H[h_j - h_i] + q_i . r^W[w_j - w_i]``.
+
+:func:`relative_attention` computes eq. (3) exactly with one of three kernels (tests: the float64 loop in
+``tests/kernel_references.py``; docs/design.md, "Attention kernels"):
+
+* ``'materialized'``: the paper's form, all ``[B, Nh, HW, HW]`` logits at once;
+* ``'blocked'``: the same per block of queries, each recomputed in the backward (memory linear in HW); the CPU's;
+* ``'sdpa'``: the relative logits folded into one fused ``scaled_dot_product_attention``; CUDA's and a graph's.
 
 Example:
     >>> import torch
@@ -13,7 +21,7 @@ Example:
     torch.Size([1, 64, 5, 7])
 """
 import numbers
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,14 +30,17 @@ from mmcv.cnn import build_conv_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-from ...utils.compat import autocast_dtype
-from .kernel_policy import cast_together, graph_mode
+from ...utils.compat import is_capturing_graph
 from .position_encoding import coord_channels, sine_encoding_2d
-from .relative_attention import IMPLS, relative_attention
-from .relative_position import TrainedOffsetRange, reset_relative_tables
+from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
+#: :func:`relative_attention`'s kernels ('auto': :func:`choose_impl`)
+IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
+#: logits ``B * Nh * queries * HW`` of one 'blocked' block: 16 MiB in float32, cache-sized on a CPU
+BLOCK_LOGITS = 1 << 22
 
 
 def round_to_heads(channels: float, num_heads: int) -> int:
@@ -168,57 +179,167 @@ class AAConv2d(BaseModule):
             x = coord_channels(x)
         return x
 
-    def conv_params(self, device_type: str) -> dict:
-        """Weight and bias of ``qkv``, ``proj`` and the convolutional part (an ``nn.Conv2d``) as this pass uses them,
-        by name: under autocast cast in one op, and their gradients back in one (:func:`cast_together`), else the
-        parameters themselves."""
-        convs = {name: conv for name, conv in (('qkv', self.qkv), ('proj', self.proj), ('conv', self.conv))
-                 if type(conv) is nn.Conv2d}  # not a subclass: one may change its weight in forward (ConvWS)
-        params = {(name, kind): p for name, conv in convs.items()
-                  for kind, p in (('weight', conv.weight), ('bias', conv.bias)) if p is not None}
-        amp = autocast_dtype(device_type)
-        if amp is not None and amp != self.qkv.weight.dtype:
-            params = dict(zip(params, cast_together(list(params.values()), amp)))
-        return {name: (params[name, 'weight'], params.get((name, 'bias'))) for name in convs}
+    def qkv_heads(self, x: Tensor):
+        """Queries, keys and values per head of the attention input ``x`` ``[B, C, h, w]``, from one 1x1
+        conv (Fig. 2): ``q, k`` ``[B, Nh, hw, dkh]``, ``v`` ``[B, Nh, hw, dvh]``, and ``(h, w)``."""
+        B, _, h, w = x.shape
+        k, q, v = self.qkv(x).split([self.key_channels, self.key_channels, self.value_channels], 1)
+        shape = (B, self.num_heads, -1, h * w)
+        return q.reshape(shape).transpose(-1, -2), k.reshape(shape).transpose(-1, -2), v.reshape(shape).transpose(-1, -2), (h, w)
 
-    def qkv_heads(self, x: Tensor, params: Optional[tuple] = None):
-        """Queries, keys and values per head from the attention input ``x`` ``[B, C, h, w]``, through ``qkv``'s
-        weight and bias ``params`` (:meth:`conv_params`; default: the parameters): ``q, k`` ``[B, Nh, hw, dkh]``,
-        ``v`` ``[B, Nh, hw, dvh]``, ``(h, w)``. The logits' factor ``dkh ** -0.5`` is ``self.scale``, applied by the
-        kernel."""
-        h, w = x.shape[-2:]
-        sizes = (self.key_channels, self.key_channels, self.value_channels)
-        qkv = self.qkv._conv_forward(x, *(params or (self.qkv.weight, self.qkv.bias)))  # [B, 2 dk + dv, h, w]: k, q, v
-        k, q, v = (t.reshape(t.shape[0], self.num_heads, -1, h * w).transpose(-1, -2)  # [B, Nh, hw, d]: views
-                   for t in qkv.split(sizes, 1))
-        return q, k, v, (h, w)
+    def project(self, attn: Tensor, h: int, w: int) -> Tensor:
+        """``W^O`` (eq. (2), ``proj``) on the heads' outputs ``[B, Nh, hw, dvh]``: ``[B, dv, h, w]``.
+
+        While a graph is captured, one GEMM on ``proj``'s parameters: inductor cannot order the symbolic strides
+        of the reshaped view the conv saves (torch 2.14, ``dynamic=True``).
+        """
+        if not is_capturing_graph():
+            return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
+        weight = self.proj.weight.view(self.value_channels, self.num_heads, -1).to(attn.dtype)  # [dv, Nh, dvh]
+        out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
+        return out.unflatten(-1, (h, w)) + self.proj.bias.to(out.dtype).view(-1, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
-        params = self.conv_params(x.device.type)
-        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x), params['qkv'])
+        q, k, v, (h, w) = self.qkv_heads(self.attention_input(x))  # [B, Nh, hw, d]
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.scale)  # [B, Nh, hw, dvh]
-        attn = self._project(attn, h, w, *params['proj'])  # [B, dv, h, w]
+        attn = self.project(attn, h, w)  # [B, dv, h, w]
         if (h, w) != out_size:
             attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
         if self.conv is None:
             return attn
-        conv = self.conv._conv_forward(x, *params['conv']) if 'conv' in params else self.conv(x)
-        return torch.cat([conv, attn], dim=1)  # [B, F_out, H / s, W / s]
+        return torch.cat([self.conv(x), attn], dim=1)  # [B, F_out, H / s, W / s]
 
-    def _project(self, attn: Tensor, h: int, w: int, weight: Tensor, bias: Tensor) -> Tensor:
-        """``W^O`` (``proj``, a 1x1 conv of ``weight`` and ``bias``) on the heads' outputs ``[B, Nh, hw, dvh]``.
 
-        In a captured graph, one GEMM: the conv's saved reshaped view has strides inductor cannot order with
-        dynamic shapes (torch 2.14.1; docs/design.md, "Compiling and exporting").
+def relative_logits(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int) -> Tuple[Tensor, Tensor]:
+    """Eq. (3)'s relative terms per query: ``rel_h[.., i, h] = q_i . r^H[h - h_i]`` and ``rel_w[.., i, w] =
+    q_i . r^W[w - w_i]``, tables of ``H`` and ``W`` numbers (the paper's ``S^H``, ``S^W`` before broadcasting).
 
-        Returns:
-            Tensor: ``[B, dv, h, w]``.
-        """
-        if graph_mode():
-            weight = weight.view(self.value_channels, self.num_heads, -1)  # [dv, Nh, dvh]
-            out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
-            return out.unflatten(-1, (h, w)) + bias.to(out.dtype).view(-1, 1, 1)  # autocast's dtype, as the conv's
-        return self.proj._conv_forward(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w),
-                                       weight, bias)
+    Args:
+        q (Tensor): ``[B, Nh, HW, d]`` scaled queries.
+        table_h, table_w (Tensor): ``[2M - 1, d]`` relative embeddings.
+
+    Returns:
+        tuple[Tensor, Tensor]: ``[B, Nh, HW, H]`` and ``[B, Nh, HW, W]``.
+    """
+    q = q.unflatten(2, (H, W))  # [B, Nh, H, W, d]
+    rel_h = torch.einsum('bnhwd,hjd->bnhwj', q, relative_embeddings(table_h, H))  # [B, Nh, H, W, H (h_j)]
+    rel_w = torch.einsum('bnhwd,wjd->bnhwj', q, relative_embeddings(table_w, W))  # [B, Nh, H, W, W (w_j)]
+    return rel_h.flatten(2, 3), rel_w.flatten(2, 3)
+
+
+def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                           H: int, W: int) -> Tensor:
+    """``softmax(q k^T + S^H + S^W) v`` with all logits at once (eq. (3), the paper's implementation).
+
+    Args:
+        q (Tensor): ``[B, Nh, n, d]``, any ``n`` queries; k (Tensor): ``[B, Nh, HW, d]``;
+            v (Tensor): ``[B, Nh, HW, dv]``.
+        rel_h, rel_w (Tensor | None): :func:`relative_logits` of those queries, or None.
+
+    Returns:
+        Tensor: ``[B, Nh, n, dv]``.
+    """
+    logits = q @ k.transpose(-1, -2)  # [B, Nh, n, HW]
+    if rel_h is not None:
+        logits = (logits.unflatten(-1, (H, W)) + rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)
+    return logits.softmax(-1) @ v
+
+
+def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                      H: int, W: int, block_logits: int = BLOCK_LOGITS) -> Tensor:
+    """:func:`attention_materialized` over blocks of queries of at most ``block_logits`` logits (at least one
+    query), each block recomputed in the backward (``torch.utils.checkpoint``): memory linear in HW."""
+    B, Nh, N, _ = q.shape
+    rows = max(1, block_logits // (B * Nh * N))
+    if rows >= N:
+        return attention_materialized(q, k, v, rel_h, rel_w, H, W)
+    blocks = []
+    for s in range(0, N, rows):
+        rel = (None, None) if rel_h is None else (rel_h[:, :, s:s + rows], rel_w[:, :, s:s + rows])
+        args = (q[:, :, s:s + rows], k, v, *rel, H, W)
+        blocks.append(checkpoint(attention_materialized, *args, use_reentrant=False)
+                      if torch.is_grad_enabled() else attention_materialized(*args))  # [B, Nh, rows, dv]
+    return torch.cat(blocks, 2)
+
+
+def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                   H: int, W: int) -> Tensor:
+    """Eq. (3) in one fused ``scaled_dot_product_attention``, in ``q``'s dtype.
+
+    The relative logits fold into the dot product: ``[q_i, S^H_i, S^W_i] . [k_j, onehot(h_j), onehot(w_j)] =
+    q_i . k_j + S^H_i[h_j] + S^W_i[w_j]``. Head dims are zero-padded to multiples of 8, which the fused kernels
+    need (otherwise SDPA falls back to its math kernel, which holds every logit). In float16 the folded logits are
+    ``S / s`` against one-hots of ``s``, a power of two that keeps them in float16's range.
+
+    Returns:
+        Tensor: ``[B, Nh, HW, dv]``.
+    """
+    B, Nh, N, d = q.shape
+    dv, dtype = v.shape[-1], q.dtype
+    v = F.pad(v, (0, (8 - dv % 8) % 8))  # zero columns add nothing to the output's first dv
+    if rel_h is None:
+        q, k = F.pad(q, (0, (8 - d % 8) % 8)), F.pad(k, (0, (8 - d % 8) % 8))
+    else:
+        # in a captured graph 8 more: a symbolic pad that may be 0 or 1 would be guarded, one graph per case
+        pad = (8 - (d + H + W) % 8) % 8 + (8 if is_capturing_graph() else 0)
+        one_h = torch.eye(H, device=q.device)[:, None].expand(H, W, H)  # [H (h_j), W, H]
+        one_w = torch.eye(W, W + pad, device=q.device).expand(H, W, W + pad)  # [H, W (w_j), W + pad]
+        columns = torch.cat([one_h, one_w], -1).view(1, 1, N, -1)  # [1, 1, HW, H + W + pad]
+        if dtype == torch.float16:  # s bounds |S| / s by 2^14
+            bound = torch.maximum(rel_h.detach().abs().amax(), rel_w.detach().abs().amax())
+            s = torch.exp2(torch.frexp(bound / 2 ** 14).exponent.clamp(0, 15).to(bound.dtype))
+            rel_h, rel_w, columns = rel_h / s, rel_w / s, columns * s
+        q = torch.cat([q, rel_h.to(dtype), F.pad(rel_w, (0, pad)).to(dtype)], -1)  # [B, Nh, HW, d + H + W + pad]
+        columns = columns.to(dtype)
+        k = torch.cat([k, columns.expand(B, Nh, N, -1)], -1)
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :dv]
+
+
+def choose_impl(q: Tensor) -> str:
+    """'auto''s kernel for queries ``q``: 'materialized' in the TorchScript ONNX exporter (ONNX has no fused
+    attention), 'sdpa' on CUDA and in a captured graph (no size-dependent loop), else 'blocked'."""
+    if torch.onnx.is_in_onnx_export():
+        return 'materialized'
+    return 'sdpa' if q.is_cuda or is_capturing_graph() else 'blocked'
+
+
+def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
+                       H: int, W: int, impl: str = 'auto', scale: float = 1.0,
+                       block_logits: int = BLOCK_LOGITS) -> Tensor:
+    """Multi-head 2D relative self-attention, eq. (3).
+
+    'sdpa' runs in the inputs' dtype (autocast's under AMP: the fused kernels keep the logits in float32);
+    the other kernels and the relative logits in float32 (float64 stays float64).
+
+    Args:
+        q, k (Tensor): ``[B, Nh, HW, d]`` queries and keys; v (Tensor): ``[B, Nh, HW, dv]`` values.
+        table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings, or None (no position term).
+        H, W (int): the map, ``H * W == HW``.
+        impl (str): 'auto' (:func:`choose_impl`), 'blocked', 'sdpa' or 'materialized'. Defaults to 'auto'.
+        scale (float): the logits' factor, ``d ** -0.5`` for unscaled ``q``. Defaults to 1.0.
+        block_logits (int): logits per block of 'blocked'.
+
+    Returns:
+        Tensor: ``[B, Nh, HW, dv]`` in ``v``'s dtype.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
+    out_dtype = v.dtype
+    impl = choose_impl(q) if impl == 'auto' else impl
+    dtype = q.dtype if impl == 'sdpa' else torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(q.device.type, enabled=False):
+        q = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)
+        k, v = k.to(dtype), v.to(dtype)
+        rel_h = rel_w = None
+        if table_h is not None:
+            rel_dtype = torch.promote_types(dtype, torch.float32)
+            rel_h, rel_w = relative_logits(q.to(rel_dtype), table_h.to(rel_dtype), table_w.to(rel_dtype), H, W)
+        if impl == 'sdpa':
+            out = attention_sdpa(q, k, v, rel_h, rel_w, H, W)
+        elif impl == 'blocked':
+            out = attention_blocked(q, k, v, rel_h, rel_w, H, W, block_logits)
+        else:
+            out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
+    return out.to(out_dtype)

@@ -1,9 +1,9 @@
 """Global self-attention module.
 
-Shen et al., *Global Self-Attention Networks for Image Recognition* (ICLR 2021
-submission), Sec. 3 and appendix B. Output = content attention (eq. (1), appendix
-eq. (4)) + positional attention (column-only attention with relative embeddings as
-keys, eq. (2) and (5)-(7), then batch norm, then row-only attention on its output).
+Shen et al., *Global Self-Attention Networks for Image Recognition* (ICLR 2021 submission), Sec. 3 and
+appendix B. Output = content attention (eq. (1), appendix eq. (4)) + positional attention: column-only attention
+with relative embeddings as keys (eq. (2), (5)-(7)), then batch norm, then row-only attention on its output.
+Tests compare both with the float64 loops of ``tests/kernel_references.py``.
 
 Example:
     >>> import torch
@@ -24,219 +24,87 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
 
-from ...utils.compat import autocast_dtype
-from .kernel_policy import axial_chunk_elems, compute_dtype, graph_mode, kernel_device, packed, size_constant
-from .relative_position import TrainedOffsetRange, relative_embeddings, relative_index, reset_relative_tables
+from ...utils.compat import autocast_dtype, is_capturing_graph
+from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'content_context', 'gsa_operands', 'column_attention',
-           'row_attention', 'axial_embeddings', 'GSA_COMPONENTS', 'AXIAL_SCALES']
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'row_attention', 'compute_dtype',
+           'GSA_COMPONENTS', 'AXIAL_SCALES']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
-#: Memory orders (permutations of ``[B, Nh, d, H, W]``) of the copies GSA's kernels read without another copy:
-#: ``q`` of column / content and of row attention, ``v`` of column / content and (without a column branch) row.
-AXIAL_Q, ROW_Q = (3, 4, 0, 1, 2), (4, 3, 0, 1, 2)  # [H, W, B, Nh, dkh], [W, H, B, Nh, dkh]
-AXIAL_V, COLUMN_V, ROW_V = AXIAL_Q, (4, 0, 1, 2, 3), (3, 0, 1, 2, 4)  # [H, W, .., dvh], [W, .., dvh, H], [H, .., W]
+#: logits ``[columns, H, H]`` of one chunk of axial attention: 64 MiB in float32
+CHUNK_LOGITS = 1 << 24
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype GSA's products compute in for inputs of ``dtype`` on ``device``.
+
+    No softmax bounds GSA's outputs, which can leave float16's range, so float16 computes in bfloat16 where the
+    device has it, else in float32; other dtypes as they are.
+    """
+    if dtype != torch.float16:
+        return dtype
+    if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
+        return torch.float32
+    return torch.bfloat16
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """``Q (softmax_positions(K)^T V)`` per head, linear in HW (GSA eq. (1), (4)).
-
-    The softmax in float32 (or float64); ``q`` in the layout of :data:`AXIAL_Q`, shared with column attention.
+    """``Q (softmax_positions(K)^T V)`` per head, linear in HW (eq. (1), (4)).
 
     Args:
         q, k (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
 
     Returns:
-        Tensor: ``[B, Nh, dvh, H, W]`` (contiguous) in :func:`compute_dtype` of ``v``'s dtype.
+        Tensor: ``[B, Nh, dvh, H, W]``.
     """
-    B, Nh, dk, H, W = q.shape
-    dtype = compute_dtype(v.dtype, kernel_device(v.device.type))
-    with torch.autocast(v.device.type, enabled=False):
-        qc = packed(q.permute(AXIAL_Q), dtype).view(H, -1, dk)  # [H, (W, B, Nh), dkh]: one copy at most
-        return _content_product(qc, content_context(k, v, dtype)).view(B, Nh, -1, H, W)
+    context = torch.einsum('bnkp,bnvp->bnkv', k.flatten(-2).softmax(-1), v.flatten(-2))  # [B, Nh, dkh, dvh]
+    return torch.einsum('bnkv,bnkxy->bnvxy', context, q)
 
 
-def content_context(k: Tensor, v: Tensor, dtype: torch.dtype) -> Tensor:
-    """``softmax_positions(K)^T V`` per head, content attention's context that every query reads: ``k``
-    ``[B, Nh, dkh, H, W]`` and ``v`` ``[B, Nh, dvh, H, W]`` -> ``[B * Nh, dkh, dvh]`` in ``dtype``
-    (:func:`compute_dtype`)."""
-    B, Nh, dk = k.shape[:3]
-    with torch.autocast(v.device.type, enabled=False):
-        k = k.flatten(-2)  # [B, Nh, dkh, HW]
-        # in float32 (float64) inside the kernel; fp16 inputs are not rounded to bf16 before it
-        k = k.softmax(-1) if k.dtype == dtype else k.softmax(-1, dtype=torch.float32).to(dtype)
-        return torch.einsum('bnkp,bnvp->bnkv', k, v.flatten(-2).to(dtype)).reshape(B * Nh, dk, -1)
+def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
+    """Column attention of ``g`` columns: ``q`` ``[H (x), g, dk]``, ``v`` ``[g, dv, H (i)]`` and ``emb``
+    ``[H (x), H (i), dk]`` -> ``[g, dv, H (x)]``."""
+    logits = torch.bmm(q, emb.to(q.dtype).transpose(1, 2))  # [H (x), g, H (i)]: q[x] . R[i - x]
+    return torch.bmm(v, logits.permute(1, 2, 0))  # [g, dv, H (x)]
 
 
-def _content_queries(qc: Tensor, heads: int) -> Tensor:
-    """``[B * Nh, dkh, HW]`` strided view of ``q`` laid out as :data:`AXIAL_Q`, ``[H, (W, B, Nh), dkh]``
-    (``heads`` = ``B * Nh``): what content attention's GEMMs read, without a copy."""
-    return qc.view(-1, heads, qc.shape[-1]).permute(1, 2, 0)
+def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CHUNK_LOGITS) -> Tensor:
+    """Column-only positional attention, appendix eq. (5)-(7): ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]``
+    (no softmax, as eq. (2)).
 
-
-def _content_product(qc: Tensor, context: Tensor) -> Tensor:
-    """Content attention's output ``context^T q``: ``[B * Nh, dvh, HW]``."""
-    return torch.bmm(context.transpose(1, 2), _content_queries(qc, context.shape[0]))
-
-
-def gsa_operands(qkv: Tensor, num_heads: int, sizes: Sequence[int], dtype: torch.dtype,
-                 layouts: Sequence[tuple]) -> list:
-    """Views and copies of ``q``, ``k`` and ``v`` from the qkv convolution's output.
+    Columns are computed in chunks of at most ``chunk_logits`` logits, each recomputed in the backward
+    (``torch.utils.checkpoint``): memory linear in HW. ``R``'s gradient is summed in the table's dtype.
 
     Args:
-        qkv (Tensor): ``[B, 2 dk + dv, H, W]``: ``q``, ``k``, ``v`` channels of ``sizes``.
-        layouts (Sequence[tuple]): ``(part, order)`` per operand: ``part`` 0 (``q``), 1 (``k``) or 2 (``v``);
-            ``order`` None for a view, else the memory order of a copy in ``dtype`` (e.g. :data:`AXIAL_Q`),
-            a copy always (a view saved for the backward would keep the whole qkv output alive).
+        q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``, of one dtype.
+        table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
+        chunk_logits (int): logits per chunk (all at once while a graph is captured).
 
     Returns:
-        list[Tensor]: ``[B, Nh, d, H, W]`` each, the copies laid out in their ``order``.
-    """
-    B, _, H, W = qkv.shape
-    parts = [t.reshape(B, num_heads, -1, H, W) for t in qkv.split(list(sizes), 1)]
-    return [parts[part] if order is None else
-            parts[part].permute(order).to(dtype, memory_format=torch.contiguous_format, copy=True)
-            .permute([order.index(i) for i in range(5)])
-            for part, order in layouts]
-
-
-def _axial_chunk(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
-    """One chunk of :class:`_AxialRelativeAttention`: ``[L, g, dk]``, ``[g, dv, L]``,
-    ``[L, dk, L]`` -> ``[g, dv, L]``."""
-    logits = torch.bmm(q, emb)  # [L (x), g, L (i)]: q[g, x] . R[i - x], one GEMM per x
-    return torch.bmm(v, logits.permute(1, 2, 0))  # [g, dv, L (x)]
-
-
-def _axial_chunks(q: Tensor, v: Tensor, emb: Tensor, chunk: int) -> Tensor:
-    """:func:`_axial_chunk` over chunks of ``chunk`` sequences: ``[G, dv, L]``."""
-    if chunk >= v.shape[0]:
-        return _axial_chunk(q, v, emb)
-    return torch.cat([_axial_chunk(q[:, s:s + chunk], v[s:s + chunk], emb) for s in range(0, v.shape[0], chunk)])
-
-
-class _AxialRelativeAttention(torch.autograd.Function):
-    """``out[g, :, x] = sum_i (q[x, g] . emb[x, :, i]) v[g, :, i]`` in chunks of at most ``chunk``
-    sequences ``g`` (one chunk when ``chunk`` covers them all); with a ``context``, content
-    attention's product with the same ``q`` too (:func:`_content_product`).
-
-    Two batched GEMMs per chunk; the backward recomputes the logits chunk by chunk. ``emb``'s gradient is
-    accumulated in its own dtype (float32 or float64), never rounded to ``q``'s (docs/design.md, "GSA axial
-    positional attention").
-    """
-
-    @staticmethod
-    def forward(ctx, q, v, emb, chunk, context=None):
-        emb_low = emb.to(q.dtype)  # [L, dk, L], cast once for both passes
-        ctx.save_for_backward(q, v, emb_low, context)
-        ctx.chunk, ctx.emb_dtype = chunk, emb.dtype
-        out = _axial_chunks(q, v, emb_low, chunk)  # [G, dv, L]
-        return out if context is None else (out, _content_product(q, context))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out, grad_content=None):
-        with torch.autocast(grad_out.device.type, enabled=False):  # the forward's dtype
-            q, v, emb, context = ctx.saved_tensors
-            G, chunk = v.shape[0], ctx.chunk
-            dqs, dvs, demb = [], [], None
-            for s in range(0, G, chunk) if chunk < G else (0,):  # no range over a symbolic G when one chunk
-                sl = slice(s, s + chunk)
-                qs, vs, gs = (q, v, grad_out) if chunk >= G else (q[:, sl], v[sl], grad_out[sl])
-                logits = torch.bmm(qs, emb)  # [L (x), g, L (i)]
-                dvs.append(torch.bmm(gs, logits.transpose(0, 1)))  # [g, dv, L (i)]
-                dlogits = torch.bmm(gs.transpose(1, 2), vs).transpose(0, 1)  # [L (x), g, L (i)]
-                dqs.append(torch.bmm(dlogits, emb.transpose(1, 2)))  # [L, g, dk]
-                demb_chunk = torch.bmm(dlogits.transpose(1, 2), qs).transpose(1, 2)  # [L (x), dk, L (i)], emb's layout
-                demb = demb_chunk.to(ctx.emb_dtype) if demb is None else demb.add_(demb_chunk)
-            dq, dv = (dqs[0], dvs[0]) if len(dqs) == 1 else (torch.cat(dqs, 1), torch.cat(dvs))
-            dcontext = None
-            if context is not None:  # content attention: context^T q
-                heads = context.shape[0]
-                dcontext = torch.bmm(_content_queries(q, heads), grad_content.transpose(1, 2))  # [B * Nh, dk, dv]
-                if graph_mode():  # not in place: a captured graph replays a mutated view, failing on symbolic sizes
-                    dq = torch.baddbmm(_content_queries(dq, heads), context, grad_content)  # [B * Nh, dk, HW]
-                    dq = dq.permute(2, 0, 1).reshape(q.shape)
-                else:  # in place, dq stays [L, G, dk]: no copy of it, no reordered copy back
-                    _content_queries(dq, heads).baddbmm_(context, grad_content)
-            return dq, dv, demb, None, dcontext
-
-
-def column_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
-                     embeddings: Optional[Tensor] = None, context: Optional[Tensor] = None):
-    """Column-only positional attention, GSA appendix eq. (5)-(7).
-
-    ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq. (2)).
-
-    Args:
-        q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``.
-        table (Tensor | None): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
-        chunk_elems (int, optional): logits ``[sequences, H, H]`` per chunk. Defaults to
-            :func:`axial_chunk_elems`.
-        embeddings (Tensor, optional): ``[H, H, dkh]``, ``table`` already read at every pair
-            (:func:`axial_embeddings`), instead of ``table``.
-        context (Tensor, optional): ``[B * Nh, dkh, dvh]`` (:func:`content_context`): content
-            attention's product with the same ``q`` is computed in this kernel too.
-
-    Returns:
-        Tensor | tuple[Tensor, Tensor]: ``[B, Nh, dvh, H, W]`` in :func:`compute_dtype` of
-        ``q``'s dtype; with ``context``, content attention's output (same shape) too.
+        Tensor: ``[B, Nh, dvh, H, W]``.
     """
     B, Nh, dk, H, W = q.shape
-    device = kernel_device(q.device.type)
-    dtype = compute_dtype(q.dtype, device)
-    if chunk_elems is None:
-        chunk_elems = axial_chunk_elems(device)
-    G = B * Nh * W
-    chunk = G if chunk_elems is None else max(1, chunk_elems // (H * H))
-    with torch.autocast(q.device.type, enabled=False):  # one dtype inside
-        qc = packed(q.permute(AXIAL_Q), dtype).view(H, G, dk)  # [H, G = (W, B, Nh), dkh]
-        vc = v.permute(COLUMN_V)  # [W, B, Nh, dvh, H]: read in place where laid out so or as AXIAL_V (strided g)
-        vc = (vc if v.permute(AXIAL_V).is_contiguous() and v.dtype == dtype else packed(vc, dtype)).view(G, -1, H)
-        if embeddings is None:
-            embeddings = relative_embeddings(table.to(torch.promote_types(dtype, torch.float32)), H)
-        emb = embeddings.transpose(1, 2)  # [H (x), dkh, H (i)]: R[i - x]
-        if torch.is_grad_enabled() and not torch.jit.is_tracing():
-            out = _AxialRelativeAttention.apply(qc, vc, emb, chunk, context)  # [G, dvh, H]
-        else:  # inference, trace and export: plain ops, no autograd.Function in the graph
-            out = _axial_chunks(qc, vc, emb.to(dtype), chunk)
-            out = out if context is None else (out, _content_product(qc, context))
-    out, content = (out, None) if context is None else out  # [G, dvh, H], [B * Nh, dvh, HW]
-    out = out.view(W, B, Nh, -1, H).permute(1, 2, 3, 4, 0)  # [B, Nh, dvh, H, W], laid out [W, B, Nh, dvh, H]
-    return out if context is None else (out, content.view(B, Nh, -1, H, W))
+    emb = relative_embeddings(table.to(torch.promote_types(q.dtype, torch.float32)), H)  # [H (x), H (i), dkh]
+    qc = q.permute(3, 0, 1, 4, 2).reshape(H, -1, dk)  # [H, G, dkh], G = B * Nh * W columns
+    vc = v.permute(0, 1, 4, 2, 3).reshape(qc.shape[1], -1, H)  # [G, dvh, H]
+    if is_capturing_graph() or chunk_logits >= vc.shape[0] * H * H:
+        out = _columns(qc, vc, emb)  # [G, dvh, H]
+    else:
+        step, chunks = max(1, chunk_logits // (H * H)), []
+        for s in range(0, vc.shape[0], step):
+            args = (qc[:, s:s + step], vc[s:s + step], emb)
+            chunks.append(checkpoint(_columns, *args, use_reentrant=False) if torch.is_grad_enabled()
+                          else _columns(*args))
+        out = torch.cat(chunks)
+    return out.view(B, Nh, W, -1, H).permute(0, 1, 3, 4, 2)  # [B, Nh, dvh, H, W]
 
 
-def row_attention(q: Tensor, v: Tensor, table: Optional[Tensor], chunk_elems: Optional[int] = None,
-                  embeddings: Optional[Tensor] = None) -> Tensor:
+def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CHUNK_LOGITS) -> Tensor:
     """Row-only positional attention: :func:`column_attention` on transposed maps."""
-    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table,
-                            chunk_elems, embeddings).transpose(-1, -2)
-
-
-def axial_embeddings(table_col: Tensor, table_row: Tensor, H: int, W: int, dtype: torch.dtype):
-    """:func:`relative_embeddings` of both axes in one gather (one index into the tables'
-    concatenation, :func:`size_constant`) and one cast to ``dtype``.
-
-    Args:
-        table_col, table_row (Tensor): ``[2Mc - 1, dkh]``, ``[2Mr - 1, dkh]``.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``[H, H, dkh]`` and ``[W, W, dkh]`` in ``dtype``.
-    """
-    Mc, Mr = (table_col.shape[0] + 1) // 2, (table_row.shape[0] + 1) // 2
-    tables = torch.cat([table_col, table_row]).to(torch.promote_types(dtype, torch.float32))
-    emb = tables.index_select(0, size_constant(_axial_index, H, Mc, W, Mr, tables.device)).to(dtype)  # [H^2 + W^2, dkh]
-    emb_col, emb_row = emb.split([H * H, W * W])  # its backward: one concatenation
-    return emb_col.view(H, H, -1), emb_row.view(W, W, -1)
-
-
-def _axial_index(H: int, Mc: int, W: int, Mr: int, device) -> Tensor:
-    """Rows of ``cat([table_col, table_row])`` for every (query, key) pair of a column, then of a
-    row: ``[H * H + W * W]`` long."""
-    return torch.cat([relative_index(H, Mc, device).flatten(), relative_index(W, Mr, device).flatten() + 2 * Mc - 1])
+    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table, chunk_logits).transpose(-1, -2)
 
 
 @MODELS.register_module('GSA')
@@ -305,16 +173,6 @@ class GlobalSelfAttention2d(BaseModule):
             self.norm_col = build_norm_layer(norm_cfg, out_channels)[1]
         if 'column' in components or 'row' in components:
             self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (column, row) trained so far
-        # what each branch reads from the qkv output, laid out for its GEMMs (gsa_operands)
-        self.operands = {}
-        if 'content' in components or 'column' in components:
-            self.operands.update(q=(0, AXIAL_Q), v=(2, AXIAL_V))  # content and column attention share both
-        if 'row' in components:
-            self.operands['q_row'] = (0, ROW_Q)
-        if 'content' in components:
-            self.operands['k'] = (1, None)
-        if 'row' in components and 'column' not in components:
-            self.operands['v_row'] = (2, ROW_V)
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
     def relative_table(self, name: str, length: int) -> Tensor:
@@ -325,11 +183,8 @@ class GlobalSelfAttention2d(BaseModule):
 
     def scale_axial(self, out: Tensor, name: str, length: int) -> Tensor:
         """``out``, the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of ``length`` along
-        its axis, scaled as ``axial_scale`` says.
-
-        ``'trained'``: times ``T / L`` where the map is longer than the longest recorded axis ``T``; unscaled in
-        a learning pass or without a record. In a captured graph, from the symbolic (traced) length.
-        """
+        its axis, scaled as ``axial_scale`` says: ``'trained'`` times ``T / max(T, L)`` with ``T`` the longest
+        recorded axis (unscaled in a learning pass or without a record)."""
         if self.axial_scale == 'sum':
             return out
         if self.axial_scale == 'mean':
@@ -337,20 +192,9 @@ class GlobalSelfAttention2d(BaseModule):
         trained = self.offset_range.trained[0 if name == 'column' else 1] + 1  # T, 0 without a record
         if trained < 1 or self.offset_range.learns(self.rel_col if name == 'column' else self.rel_row):
             return out
-        if torch.jit.is_tracing():  # TorchScript (and its ONNX exporter): the traced length is a tensor
+        if torch.jit.is_tracing():  # TorchScript traces the length as a tensor
             return out * (trained / torch.as_tensor(length).clamp(min=trained))
-        if graph_mode():  # dynamo: a symbolic max, no guard on the length, nothing baked in
-            return out * (trained / torch.sym_max(trained, length))
-        return out * (trained / length) if length > trained else out
-
-    def normalize_column(self, pos: Tensor) -> Tensor:
-        """``norm_col`` on column attention's output ``[B, Nh, dvh, H, W]``, laid out ``[W, B, C, H]``: a batch
-        norm reads it as ``[W * B, C, H, 1]`` (the same values per channel), without a copy."""
-        B, _, _, H, W = pos.shape
-        if not isinstance(self.norm_col, _BatchNorm):  # per-sample norms (GN, LN) read each sample's maps
-            return self.norm_col(pos.reshape(B, -1, H, W)).reshape(pos.shape)
-        out = self.norm_col(pos.permute(4, 0, 1, 2, 3).reshape(W * B, -1, H, 1))  # [W * B, C, H, 1]
-        return out.view(W, B, self.num_heads, -1, H).permute(1, 2, 3, 4, 0)
+        return out * (trained / torch.sym_max(trained, length))  # symbolic in a captured graph: no size baked in
 
     def init_weights(self):
         super().init_weights()
@@ -358,41 +202,27 @@ class GlobalSelfAttention2d(BaseModule):
 
     def forward(self, x: Tensor) -> Tensor:
         B, _, H, W = x.shape
-        device = kernel_device(x.device.type)
-        # fp16 autocast: the qkv conv in bf16 already, so x is cast once (its gradient back once), not the 3x wider qkv
-        bf16 = autocast_dtype(x.device.type) == torch.float16 and compute_dtype(torch.float16, device) == torch.bfloat16
-        with torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
-            qkv = self.qkv(x)  # [B, 2 dk + dv, H, W]
-        dtype = compute_dtype(qkv.dtype, device)
-        qkv = qkv.to(dtype)  # float16 -> float32 where the GPU has no bfloat16, for every product and softmax
-        args = (qkv, self.num_heads, (self.key_channels, self.key_channels, self.out_channels), dtype,
-                tuple(self.operands.values()))
-        ops = dict(zip(self.operands, gsa_operands(*args)))
-        # with a column branch, content attention's product with q runs in its kernel
-        alone = 'content' in self.components and 'column' not in self.components
-        out = content_attention(ops['q'], ops['k'], ops['v']) if alone else 0
-        emb_col = emb_row = None
-        if 'column' in self.components and 'row' in self.components:  # both axes' embeddings at once
-            emb_col, emb_row = axial_embeddings(self.relative_table('column', H), self.relative_table('row', W),
-                                                H, W, ops['q'].dtype)
-        if 'column' in self.components:
-            pos = column_attention(ops['q'], ops['v'], None if emb_col is not None else
-                                   self.relative_table('column', H), embeddings=emb_col,
-                                   context=content_context(ops['k'], ops['v'], ops['q'].dtype)
-                                   if 'content' in self.components else None)
-            if 'content' in self.components:
-                pos, out = pos
-            pos = self.scale_axial(pos, 'column', H)
-            if 'row' in self.components:
-                pos = self.normalize_column(pos)
-        else:
-            pos = ops.get('v_row')
-        if 'row' in self.components:
-            pos = row_attention(ops['q_row'], pos, None if emb_row is not None else self.relative_table('row', W),
-                                embeddings=emb_row)
-            pos = self.scale_axial(pos, 'row', W)
-        if pos is not None:
-            out = out + pos  # [B, Nh, dvh, H, W]
+        amp = autocast_dtype(x.device.type)
+        dtype = compute_dtype(amp or x.dtype, x.device)
+        # under float16 autocast the qkv conv runs in bfloat16 already (compute_dtype): nothing overflows float16
+        with torch.autocast(x.device.type, dtype=dtype) if amp == torch.float16 != dtype else nullcontext():
+            q, k, v = self.qkv(x).to(dtype).split([self.key_channels, self.key_channels, self.out_channels], 1)
+        shape = (B, self.num_heads, -1, H, W)
+        q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)  # [B, Nh, d, H, W]
+        components = self.components
+        with torch.autocast(x.device.type, enabled=False):
+            out = content_attention(q, k, v) if 'content' in components else 0
+            pos = v
+            if 'column' in components:
+                pos = column_attention(q, pos, self.relative_table('column', H))
+                pos = self.scale_axial(pos, 'column', H)
+                if 'row' in components:
+                    pos = self.norm_col(pos.reshape(B, -1, H, W)).view(pos.shape)
+            if 'row' in components:
+                pos = row_attention(q, pos, self.relative_table('row', W))
+                pos = self.scale_axial(pos, 'row', W)
+            if 'column' in components or 'row' in components:
+                out = out + pos  # [B, Nh, dvh, H, W]
         out = out.reshape(B, self.out_channels, H, W)
         if self.stride == 2:
             out = F.avg_pool2d(out, 2, 2, ceil_mode=True)

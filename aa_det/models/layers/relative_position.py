@@ -32,7 +32,7 @@ import torch
 from mmengine.model import BaseModule
 from torch import Tensor
 
-from .kernel_policy import graph_mode, size_constant
+from ...utils.compat import is_capturing_graph
 
 __all__ = ['relative_index', 'relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
 
@@ -44,15 +44,12 @@ def relative_index(length: int, max_dist: int, device=None) -> Tensor:
         Tensor: ``[length, length]`` long, ``idx[a, b] = clip(b - a) + max_dist - 1``.
     """
     pos = torch.arange(length, device=device)
-    offset, limit = pos[None, :] - pos[:, None], max_dist - 1  # [length, length]: b - a
-    # torch.where, not clamp: inductor makes a clamp of an arange sympy Min / Max in a concatenation's index, which
-    # it cannot compare where it lowers the concatenation pointwise (GPUs; docs/design.md "Compiling and exporting")
-    return torch.where(offset > limit, limit, torch.where(offset < -limit, -limit, offset)) + limit
+    return (pos[None, :] - pos[:, None]).clamp(1 - max_dist, max_dist - 1) + max_dist - 1
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
     """The table read at every (query, key) pair of an axis, in one gather (``index_select``, its gradient one
-    ``index_add_``) through :func:`relative_index`'s clipped offsets (a cached :func:`size_constant`).
+    ``index_add_``) through :func:`relative_index`'s clipped offsets.
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -62,7 +59,7 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
     M = (table.shape[0] + 1) // 2
-    index = size_constant(relative_index, length, M, table.device)  # [L, L]
+    index = relative_index(length, M, table.device)  # [L, L]
     return table.index_select(0, index.flatten()).view(length, length, -1)
 
 
@@ -130,7 +127,7 @@ class TrainedOffsetRange(BaseModule):
             Tensor: in a learning pass the whole table; otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1,
             length)``, a view of the middle rows; without a record ``m = min(M, length)``.
         """
-        M, in_graph = self.max_rel_dist, graph_mode()  # in a graph nothing depends on ``length``: no guard
+        M, in_graph = self.max_rel_dist, is_capturing_graph()  # in a graph nothing depends on ``length``: no guard
         if self.learns(table):  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
             if in_graph:  # a tensor record, no size baked in
                 self.graph_record[axis].clamp_(min=length - 1)

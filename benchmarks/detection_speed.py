@@ -16,7 +16,8 @@ bf16 autocast, the focal loss in float32) on CUDA, bf16 autocast on the CPU; the
 precision per device and dtype (``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
 ``--compile [MODE]``: the backbone runs ``torch.compile``-d (inductor; MODE ``reduce-overhead`` adds CUDA
 graphs, which a launch-bound step may gain from); ``first s`` is the first warm-up
-step, compile included. ``--profile DIR``: ``torch.profiler`` tables of three train steps per model
+step, compile included. ``--package-root DIR`` imports ``aa_det`` from another checkout with
+these configs, to time two versions of the layers side by side. ``--profile DIR``: ``torch.profiler`` tables of three train steps per model
 (``DIR/<model>.txt``: ops by device time, and the number of kernels launched).
 
 Each model runs in its own process so that its peak memory is its own
@@ -203,12 +204,19 @@ def main():
     parser.add_argument('--models', nargs='+', default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument('--aa-impl', choices=['auto', 'blocked', 'sdpa', 'materialized'],
                         help="AA attention kernel (AAConv2d's impl); default: 'auto'")
+    parser.add_argument('--package-root', metavar='DIR',
+                        help="import aa_det from DIR (e.g. a git worktree of another commit), with this checkout's "
+                             'configs: two versions of the layers side by side')
     parser.add_argument('--case', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 8 if args.device == 'cuda' else 2
     if args.case:
+        if args.package_root:
+            sys.path.insert(0, osp.abspath(args.package_root))
         import aa_det  # noqa: F401  (registers the backbones)
+        if args.package_root:
+            assert osp.abspath(aa_det.__file__).startswith(osp.abspath(args.package_root)), aa_det.__file__
         print(json.dumps(run_case(args.case, args.device, args.steps, args.warmup, args.amp, args.batch,
                                   args.aa_impl, args.amp_dtype, args.compile, args.profile, args.size)))
         return
@@ -223,7 +231,8 @@ def main():
                '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
             + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
             + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
-            + (['--profile', args.profile] if args.profile else [])
+            + (['--profile', args.profile] if args.profile else []) \
+            + (['--package-root', args.package_root] if args.package_root else [])
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
             tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'

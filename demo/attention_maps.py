@@ -21,7 +21,7 @@ from torch import Tensor
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers.aa_conv import relative_logits
-from aa_det.models.layers.relative_position import relative_index
+from aa_det.models.layers.relative_position import relative_embeddings
 
 
 def attention_weights(layer, x: Tensor, queries: Tensor) -> dict:
@@ -81,12 +81,12 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor, queries: Tensor) -> dict:
     col = row = None
     if 'column' in gsa.components:
         table = gsa.relative_table('column', H)
-        emb = table[relative_index(H, (table.shape[0] + 1) // 2, x.device)][rows]  # [P, H, dkh]
+        emb = relative_embeddings(table, H)[rows]  # [P, H, dkh]
         # column weights of every pixel (x_p, j) of the query's row, over rows i
         col = gsa.scale_axial(torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb), 'column', H)
     if 'row' in gsa.components:
         table = gsa.relative_table('row', W)
-        emb = table[relative_index(W, (table.shape[0] + 1) // 2, x.device)][cols]  # [P, W, dkh]
+        emb = relative_embeddings(table, W)[cols]  # [P, W, dkh]
         row = gsa.scale_axial(torch.einsum('bnkp,pjk->bnpj', q_p, emb), 'row', W)  # [B, Nh, P, W]
     if col is not None and row is not None:
         maps['positional'] = col * row[:, :, :, None, :]

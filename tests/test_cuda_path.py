@@ -38,11 +38,15 @@ def _grads(out, gout, inputs):
     return [out, *torch.autograd.grad((out.double() * gout).sum(), inputs)]
 
 
-def test_auto_picks_sdpa_on_cuda_and_in_graphs_blocked_on_the_cpu():
-    assert aa_conv.choose_impl(torch.zeros(1)) == 'blocked'
-    assert aa_conv.choose_impl(torch.zeros(1, device='meta')) == 'blocked'
-    if torch.cuda.is_available():
-        assert aa_conv.choose_impl(torch.zeros(1, device='cuda')) == 'sdpa'
+def test_auto_picks_blocked_on_the_cpu(monkeypatch):
+    """'auto' on CPU tensors runs the blocked kernel (CUDA tensors and captured graphs: 'sdpa')."""
+    ran = []
+    for name in ('attention_blocked', 'attention_sdpa', 'attention_materialized'):
+        real = getattr(aa_conv, name)
+        monkeypatch.setattr(aa_conv, name, lambda *a, real=real, name=name: ran.append(name) or real(*a))
+    q, k, v, th, tw, _ = aa_inputs(0)
+    aa_conv.relative_attention(q, k, v, th, tw, 12, 10)
+    assert ran[0] == 'attention_blocked'
 
 
 @pytest.mark.parametrize('dtype', LOW)

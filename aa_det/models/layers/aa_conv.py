@@ -30,14 +30,13 @@ from mmcv.cnn import build_conv_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from ...utils.compat import is_capturing_graph
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
-#: :func:`relative_attention`'s kernels ('auto': :func:`choose_impl`)
+#: :func:`relative_attention`'s kernels
 IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
 #: logits ``B * Nh * queries * HW`` of one 'blocked' block: 16 MiB in float32, cache-sized on a CPU
 BLOCK_LOGITS = 1 << 22
@@ -187,24 +186,17 @@ class AAConv2d(BaseModule):
         shape = (B, self.num_heads, -1, h * w)
         return q.reshape(shape).transpose(-1, -2), k.reshape(shape).transpose(-1, -2), v.reshape(shape).transpose(-1, -2), (h, w)
 
-    def project(self, attn: Tensor, h: int, w: int) -> Tensor:
-        """``W^O`` (eq. (2), ``proj``) on the heads' outputs ``[B, Nh, hw, dvh]``: ``[B, dv, h, w]``.
-
-        While a graph is captured, one GEMM on ``proj``'s parameters: inductor cannot order the symbolic strides
-        of the reshaped view the conv saves (torch 2.14, ``dynamic=True``).
-        """
-        if not is_capturing_graph():
-            return self.proj(attn.transpose(-1, -2).reshape(attn.shape[0], self.value_channels, h, w))
-        weight = self.proj.weight.view(self.value_channels, self.num_heads, -1).to(attn.dtype)  # [dv, Nh, dvh]
-        out = torch.einsum('bnpc,onc->bop', attn, weight)  # [B, dv, hw]
-        return out.unflatten(-1, (h, w)) + self.proj.bias.to(out.dtype).view(-1, 1, 1)
-
     def forward(self, x: Tensor) -> Tensor:
         out_size = (x.shape[-2] - 1) // self.stride + 1, (x.shape[-1] - 1) // self.stride + 1
         q, k, v, (h, w) = self.qkv_heads(self.attention_input(x))  # [B, Nh, hw, d]
         attn = relative_attention(q, k, v, *self.relative_tables(h, w), h, w, impl=self.impl,
                                   scale=self.scale)  # [B, Nh, hw, dvh]
-        attn = self.project(attn, h, w)  # [B, dv, h, w]
+        if is_capturing_graph():  # inductor cannot order the strides of the view proj saves (torch 2.14, dynamic)
+            weight = self.proj.weight.view(self.value_channels, self.num_heads, -1).to(attn.dtype)  # [dv, Nh, dvh]
+            attn = torch.einsum('bnpc,onc->bop', attn, weight).unflatten(-1, (h, w)) + self.proj.bias.to(
+                attn.dtype).view(-1, 1, 1)  # W^O as one GEMM on proj's parameters
+        else:
+            attn = self.proj(attn.transpose(-1, -2).reshape(x.shape[0], self.value_channels, h, w))  # W^O, eq. (2)
         if (h, w) != out_size:
             attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
         if self.conv is None:
@@ -247,21 +239,53 @@ def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tens
     return logits.softmax(-1) @ v
 
 
+class _BlockedAttention(torch.autograd.Function):
+    """:func:`attention_materialized` per block of ``rows`` queries. The forward keeps no block; the backward
+    recomputes each block under autograd and takes its gradients, so both passes hold one block of logits.
+
+    ``torch.utils.checkpoint`` per block would do the same with live tensors, but the autograd nodes it keeps per
+    block split the freed logits in the CPU allocator's heap: peak RSS of AA-ResNet-50 at 1024x1024 grows 2x.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_h, rel_w, H, W, rows):
+        ctx.save_for_backward(q, k, v, rel_h, rel_w)
+        ctx.H, ctx.W, ctx.rows = H, W, rows
+        out = v.new_empty(*q.shape[:3], v.shape[-1])  # [B, Nh, HW, dv]
+        for s in range(0, q.shape[2], rows):
+            sl = slice(s, s + rows)
+            rel = (None, None) if rel_h is None else (rel_h[:, :, sl], rel_w[:, :, sl])
+            out[:, :, sl] = attention_materialized(q[:, :, sl], k, v, *rel, H, W)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, rel_h, rel_w = ctx.saved_tensors
+        k, v = k.detach().requires_grad_(), v.detach().requires_grad_()
+        inputs = (q, k, v) if rel_h is None else (q, k, v, rel_h, rel_w)
+        grads = [torch.zeros_like(t) for t in inputs]  # written per block: no small tensor outlives a block
+        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):  # the forward's dtype
+            for s in range(0, q.shape[2], ctx.rows):
+                sl = slice(s, s + ctx.rows)
+                q_s, *rel = [t[:, :, sl].detach().requires_grad_() for t in inputs if t is not k and t is not v]
+                out = attention_materialized(q_s, k, v, *(rel or (None, None)), ctx.H, ctx.W)
+                for i, g in enumerate(torch.autograd.grad(out, (q_s, k, v, *rel), grad_out[:, :, sl])):
+                    if i in (1, 2):  # keys and values: every block's queries read them all
+                        grads[i] += g
+                    else:
+                        grads[i][:, :, sl] = g
+        return (*grads, *(None,) * (8 - len(grads)))
+
+
 def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
                       H: int, W: int, block_logits: int = BLOCK_LOGITS) -> Tensor:
     """:func:`attention_materialized` over blocks of queries of at most ``block_logits`` logits (at least one
-    query), each block recomputed in the backward (``torch.utils.checkpoint``): memory linear in HW."""
+    query), each recomputed in the backward (:class:`_BlockedAttention`): memory linear in HW."""
     B, Nh, N, _ = q.shape
     rows = max(1, block_logits // (B * Nh * N))
     if rows >= N:
         return attention_materialized(q, k, v, rel_h, rel_w, H, W)
-    blocks = []
-    for s in range(0, N, rows):
-        rel = (None, None) if rel_h is None else (rel_h[:, :, s:s + rows], rel_w[:, :, s:s + rows])
-        args = (q[:, :, s:s + rows], k, v, *rel, H, W)
-        blocks.append(checkpoint(attention_materialized, *args, use_reentrant=False)
-                      if torch.is_grad_enabled() else attention_materialized(*args))  # [B, Nh, rows, dv]
-    return torch.cat(blocks, 2)
+    return _BlockedAttention.apply(q, k, v, rel_h, rel_w, H, W, rows)  # [B, Nh, HW, dv]
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
@@ -297,14 +321,6 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :dv]
 
 
-def choose_impl(q: Tensor) -> str:
-    """'auto''s kernel for queries ``q``: 'materialized' in the TorchScript ONNX exporter (ONNX has no fused
-    attention), 'sdpa' on CUDA and in a captured graph (no size-dependent loop), else 'blocked'."""
-    if torch.onnx.is_in_onnx_export():
-        return 'materialized'
-    return 'sdpa' if q.is_cuda or is_capturing_graph() else 'blocked'
-
-
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
                        H: int, W: int, impl: str = 'auto', scale: float = 1.0,
                        block_logits: int = BLOCK_LOGITS) -> Tensor:
@@ -317,7 +333,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
         q, k (Tensor): ``[B, Nh, HW, d]`` queries and keys; v (Tensor): ``[B, Nh, HW, dv]`` values.
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings, or None (no position term).
         H, W (int): the map, ``H * W == HW``.
-        impl (str): 'auto' (:func:`choose_impl`), 'blocked', 'sdpa' or 'materialized'. Defaults to 'auto'.
+        impl (str): 'blocked', 'sdpa', 'materialized' or 'auto': 'materialized' in the TorchScript ONNX exporter
+            (ONNX has no fused attention), 'sdpa' on CUDA and in a captured graph (no size-dependent loop), else
+            'blocked'. Defaults to 'auto'.
         scale (float): the logits' factor, ``d ** -0.5`` for unscaled ``q``. Defaults to 1.0.
         block_logits (int): logits per block of 'blocked'.
 
@@ -327,7 +345,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     if impl not in IMPLS:
         raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
     out_dtype = v.dtype
-    impl = choose_impl(q) if impl == 'auto' else impl
+    if impl == 'auto':
+        impl = 'sdpa' if q.is_cuda or is_capturing_graph() else 'blocked'
+        impl = 'materialized' if torch.onnx.is_in_onnx_export() else impl
     dtype = q.dtype if impl == 'sdpa' else torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
         q = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)

@@ -9,10 +9,10 @@ clip larger offsets to the largest trained one (docs/design.md, "Relative embedd
 
 Example:
     >>> import torch
-    >>> relative_index(3, 2)
-    tensor([[1, 2, 2],
-            [0, 1, 2],
-            [0, 0, 1]])
+    >>> relative_embeddings(torch.arange(3.)[:, None], 3)[..., 0]  # offsets -1, 0, 1 are rows 0, 1, 2
+    tensor([[1., 2., 2.],
+            [0., 1., 2.],
+            [0., 0., 1.]])
     >>> relative_embeddings(torch.zeros(3, 4), 5).shape
     torch.Size([5, 5, 4])
     >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(127, 8, requires_grad=True)
@@ -34,22 +34,12 @@ from torch import Tensor
 
 from ...utils.compat import is_capturing_graph
 
-__all__ = ['relative_index', 'relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
-
-
-def relative_index(length: int, max_dist: int, device=None) -> Tensor:
-    """Index into a ``2 * max_dist - 1`` row table for every (query, key) pair.
-
-    Returns:
-        Tensor: ``[length, length]`` long, ``idx[a, b] = clip(b - a) + max_dist - 1``.
-    """
-    pos = torch.arange(length, device=device)
-    return (pos[None, :] - pos[:, None]).clamp(1 - max_dist, max_dist - 1) + max_dist - 1
+__all__ = ['relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis, in one gather (``index_select``, its gradient one
-    ``index_add_``) through :func:`relative_index`'s clipped offsets.
+    """The table read at every (query, key) pair of an axis at the pair's offset, clipped to the table, in one
+    gather (``index_select``, its gradient one ``index_add_``).
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -59,7 +49,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
     M = (table.shape[0] + 1) // 2
-    index = relative_index(length, M, table.device)  # [L, L]
+    pos = torch.arange(length, device=table.device)
+    index = (pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M - 1  # [L, L]: b - a, clipped, as a row
     return table.index_select(0, index.flatten()).view(length, length, -1)
 
 

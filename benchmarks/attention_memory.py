@@ -1,8 +1,7 @@
 """Time and peak memory of one AA attention forward+backward: naive vs real path.
 
 The naive form is the AA paper's (all B*Nh*(HW)^2 logits at once, appendix A.3);
-the real path is what AAConv2d runs (`impl='auto'`: blocked on the CPU; on CUDA
-one materialised block when the logits fit in it, folded fused SDPA above that). Nh = 8, dkh = dvh = 20. Each case runs in its own process so that
+the real path is what AAConv2d runs (`impl='auto'`: blocked on the CPU, folded fused SDPA on CUDA). Nh = 8, dkh = dvh = 20. Each case runs in its own process so that
 peak RSS (CPU) is that case's alone; on CUDA, torch.cuda.max_memory_allocated.
 
     .venv/bin/python benchmarks/attention_memory.py            # CPU
@@ -30,7 +29,7 @@ def memory_gib(device):
 
 def run_case(side, batch, impl, device, repeats):
     import torch
-    from aa_det.models.layers.relative_attention import relative_attention
+    from aa_det.models.layers import relative_attention
     Nh, d, N = 8, 20, side * side
     torch.manual_seed(0)
 

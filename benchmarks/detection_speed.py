@@ -13,7 +13,7 @@ in one process); inputs are random images with random boxes, so no data is read.
 
 ``--amp``: mmengine's ``AmpOptimWrapper`` (fp16 autocast + dynamic loss scale; ``--amp-dtype bfloat16``:
 bf16 autocast, the focal loss in float32) on CUDA, bf16 autocast on the CPU; the kernels pick their
-precision per device and dtype (``aa_det/models/layers/relative_attention.py``, ``gsa.py``).
+precision per device and dtype (``aa_det/models/layers/aa_conv.py``, ``gsa.py``).
 ``--compile [MODE]``: the backbone runs ``torch.compile``-d (inductor; MODE ``reduce-overhead`` adds CUDA
 graphs, which a launch-bound step may gain from); ``first s`` is the first warm-up
 step, compile included. ``--package-root DIR`` imports ``aa_det`` from another checkout with

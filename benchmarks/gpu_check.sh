@@ -44,7 +44,7 @@ SPEED=(benchmarks/detection_speed.py --device "$DEV" --amp --steps "$STEPS" --wa
 run speed_fp16_eager $PY "${SPEED[@]}" --models "${MODELS[@]}" --json "$OUT/speed_fp16_eager.json" \
   --profile "$OUT/profile"
 [ "$DEV" = cuda ] && run tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_relative_attention.py \
-  tests/test_low_precision.py tests/test_kernel_policy.py -k "cuda"
+  tests/test_low_precision.py tests/test_cuda_path.py -k "cuda"
 [ "$DEV" = cuda ] && run speed_bf16_eager $PY "${SPEED[@]}" --models "${MODELS[@]}" --amp-dtype bfloat16 \
   --json "$OUT/speed_bf16_eager.json" --profile "$OUT/profile_bf16"
 for ((i = ${#MODELS[@]} - 1; i >= 0; i--)); do  # GSA, AA, then ResNet-50: the compiles in question first

@@ -5,8 +5,8 @@ For ResNet-50, AA-ResNet-50 and GSA-ResNet-50 (the from-scratch RetinaNet config
 3-4, every stage trains, BatchNorm in training mode; ``--norm-eval`` freezes it as mmdet's ResNet does by
 default; ``GSA-ResNet-50, all stages`` is the paper's classification backbone), one backbone forward +
 backward (``sum of the outputs' means``) under fp16 autocast (``--amp``: fp16, what ``tools/train.py --amp``
-runs on CUDA; bf16; fp32), with ``force_policy('cuda')``: the attention kernels, dtypes and chunk sizes the
-CUDA path picks, run on CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO
+runs on CUDA; bf16; fp32), with ``--policy cuda``: the attention kernels CUDA runs (AA's ``impl='sdpa'``) on
+CPU tensors. ``--step`` counts a whole RetinaNet training step instead (the COCO
 scratch configs with BatchNorm: backbone, FPN, head, anchor assignment, losses and the backward; one
 generated box per image), with mmcv's focal-loss kernel counted as CUDA runs it: one op forward, one
 backward. Per model:
@@ -27,10 +27,7 @@ backward. Per model:
   (``max_memory_allocated``-like, exact on the CPU; excludes the parameters).
 
 Each is counted on a training step after one learning forward pass at the same size
-(``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``):
-the first pass at a new size also builds the constants that are cached per size (AA's one-hot fold
-columns, the relative-offset indices of both architectures; ``relative_attention._fold_columns`` /
-``_fold_index``, ``relative_embeddings``), a few ops per layer once.
+(``model.train()``, gradients on, none held from a previous step, as after mmengine's ``zero_grad``).
 
     .venv/bin/python benchmarks/op_counts.py                     # 640x640, batch 2 and 8
     .venv/bin/python benchmarks/op_counts.py --step --batch 8    # whole RetinaNet training steps
@@ -315,10 +312,13 @@ def measure(name, size, batch, policy='cuda', dtype=torch.float16, norm_eval=Fal
     non-GEMM bytes, peak bytes, op table and the bytes saved for the backward by module kind
     (:class:`SavedForBackward`)."""
     import aa_det  # noqa: F401  (registers the backbones)
-    from aa_det.models.layers.kernel_policy import force_policy
+    from aa_det.models.layers import AAConv2d
     torch.manual_seed(0)
     model = build(name, step, norm_eval, with_cp)
     model.train()
+    for module in model.modules():
+        if isinstance(module, AAConv2d) and policy == 'cuda':
+            module.impl = 'sdpa'  # the AA kernel CUDA runs
     x = torch.randn(batch, 3, size, size)
     counter, flops, saved = OpCounter(), FlopCounterMode(display=False), SavedForBackward(model)
     if policy == 'cuda':
@@ -341,8 +341,8 @@ def measure(name, size, batch, policy='cuda', dtype=torch.float16, norm_eval=Fal
             value = loss()
         value.backward()
 
-    with force_policy(policy), loss_kernel:
-        with torch.autocast(**amp):  # a size's first learning pass builds the cached constants
+    with loss_kernel:
+        with torch.autocast(**amp):  # a first pass, as a run's first step
             loss()
         # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps alive what a checkpointed
         # block recomputes in the backward (with_cp: GSA-ResNet-50 at 512x512 peaked at 0.72 GiB, not 0.31)

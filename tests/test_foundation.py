@@ -29,7 +29,7 @@ def test_import_registers_into_mmdet_scope():
     assert ROOT_MODELS.get('AAConv') is not None and ROOT_MODELS.get('GSA') is not None
 
 
-#: aa_det's subpackages, each importing only from those before it (docs/design.md, "Layout")
+#: aa_det's subpackages, each importing only from those before it (docs/design.md, "Code layout")
 LAYERS = ('utils', 'models', 'datasets', 'evaluation', 'engine')
 
 

@@ -69,23 +69,13 @@ def is_capturing_graph() -> bool:
     return torch._dynamo.is_compiling()
 
 
-def eye(n: int, m: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """``torch.eye(n, m)`` in ``dtype``: one op, except where the CPU has no low-precision ``eye``
-    (torch 2.1 - 2.3 for bfloat16 / float16: float32, then a cast)."""
-    if TORCH_VERSION < (2, 4) and torch.device(device).type == 'cpu' and dtype in (torch.bfloat16, torch.float16):
-        return torch.eye(n, m, device=device).to(dtype)
-    return torch.eye(n, m, dtype=dtype, device=device)
-
-
 def module_ints_constant(compiled: Callable) -> Callable:
     """``compiled`` (a ``torch.compile``-d function) tracing the int attributes of modules as
     constants, as dynamo does from torch 2.6 on (``allow_unspec_int_on_nn_module``, False).
 
-    Before (torch 2.1 - 2.5), with dynamic shapes, the ints of a module whose bound method is
-    compiled (heads, channels) become symbolic inputs, and every reshape by them puts sympy
-    to work: the demo's AA-ResNet-18 backbone had not finished its first trace after 590 s on
-    torch 2.4.1 (2 CPU cores), and traced in 72 s with them constant. There the calls run under
-    dynamo's ``specialize_int=True``; elsewhere ``compiled`` is returned as it is.
+    Before (torch 2.1 - 2.5), with dynamic shapes, the ints of a module whose bound method is compiled (heads,
+    channels) become symbolic inputs, and every reshape by them becomes a sympy proof that can take minutes per
+    trace. There the calls run under dynamo's ``specialize_int=True``; elsewhere ``compiled`` is returned as it is.
     """
     if hasattr(torch._dynamo.config, 'allow_unspec_int_on_nn_module'):
         return compiled

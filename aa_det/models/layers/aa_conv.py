@@ -244,9 +244,8 @@ class _BlockedAttention(torch.autograd.Function):
     """:func:`attention_materialized` per block of ``rows`` queries. The forward keeps no block; the backward
     recomputes each block under autograd and takes its gradients, so both passes hold one block of logits.
 
-    ``torch.utils.checkpoint`` per block holds as few live tensors, but the small tensors and autograd nodes each
-    block leaves split the CPU allocator's heap between freed blocks: one layer at 128x128 reached 16 GiB of RSS,
-    not 0.5. So outputs and gradients are written into whole tensors.
+    Outputs and gradients are written into whole tensors: small tensors left behind between freed blocks would
+    fragment the CPU allocator's heap and grow the peak RSS with every block.
     """
 
     @staticmethod

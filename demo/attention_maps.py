@@ -53,7 +53,9 @@ def aa_weights(conv: AAConv2d, x: Tensor, queries: Tensor) -> Tensor:
     idx = queries[:, 0] * w + queries[:, 1]
     logits = q[:, :, idx] @ k.transpose(-1, -2)  # [B, Nh, P, hw]
     if conv.position == 'relative':
-        rel_h, rel_w = relative_logits(q, *conv.relative_tables(h, w), h, w)
+        table_h, table_w = conv.relative_tables(h, w)
+        rel_h, rel_w = relative_logits(q.unflatten(2, (h, w)), relative_embeddings(table_h, h),
+                                       relative_embeddings(table_w, w))
         logits = (logits.view(*logits.shape[:3], h, w) + rel_h[:, :, idx, :, None]
                   + rel_w[:, :, idx, None, :]).flatten(-2)
     return logits.float().softmax(-1).view(*logits.shape[:3], h, w)
@@ -80,12 +82,12 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor, queries: Tensor) -> dict:
         maps['content'] = torch.einsum('bnkp,bnkq->bnpq', q_p, k_soft).reshape(B, Nh, -1, H, W)
     col = row = None
     if 'column' in gsa.components:
-        table = gsa.relative_table('column', H)
+        table = gsa.offset_range.crop(gsa.rel_col, 0, H)
         emb = relative_embeddings(table, H)[rows]  # [P, H, dkh]
         # column weights of every pixel (x_p, j) of the query's row, over rows i
         col = gsa.scale_axial(torch.einsum('bnkpj,pik->bnpij', q[:, :, :, rows, :], emb), 'column', H)
     if 'row' in gsa.components:
-        table = gsa.relative_table('row', W)
+        table = gsa.offset_range.crop(gsa.rel_row, 1, W)
         emb = relative_embeddings(table, W)[cols]  # [P, W, dkh]
         row = gsa.scale_axial(torch.einsum('bnkp,pjk->bnpj', q_p, emb), 'row', W)  # [B, Nh, P, W]
     if col is not None and row is not None:

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers import aa_conv
+from aa_det.models.layers.relative_position import relative_embeddings
 
 from attention_inputs import aa_inputs, rel_err
 from kernel_references import attention_reference, gsa_qkv, gsa_reference
@@ -71,7 +72,8 @@ def test_fused_aa_kernel_runs_on_the_autocast_dtype_within_pytorchs_sdpa_error(d
     ours = _grads(out, gout, (qs, ks, vs, ths, tws))
     qt, kt, vt = (t.to(dtype).requires_grad_() for t in (q, k, v))
     tht, twt = (t.float().requires_grad_() for t in (th, tw))
-    rel_h, rel_w = aa_conv.relative_logits(qt.float(), tht, twt, H, W)
+    rel_h, rel_w = aa_conv.relative_logits(qt.float().unflatten(2, (H, W)), relative_embeddings(tht, H),
+                                           relative_embeddings(twt, W))
     bias = (rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)  # [B, Nh, HW, HW]
     torchs = _grads(F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias.to(dtype), scale=1.0), gout,
                     (qt, kt, vt, tht, twt))
@@ -127,7 +129,8 @@ def test_gpu_kernels_launch_as_many_ops_at_every_batch_and_size(layer):
 @CPU_FP16_AUTOCAST
 def test_gsa_casts_once_in_and_once_out_under_fp16_autocast():
     """Under fp16 autocast GSA computes in bf16: its activations change dtype once forward (the input to bf16, for
-    the qkv conv) and once backward (its gradient back to fp16), parameters' casts aside."""
+    the qkv conv) and, in the backward, once in the recomputed forward and once back (the input's gradient to
+    fp16), parameters' casts aside."""
     module = GlobalSelfAttention2d(16, 16, num_heads=4).train()
     x = torch.randn(2, 16, 9, 11).half().requires_grad_()
 
@@ -151,4 +154,5 @@ def test_gsa_casts_once_in_and_once_out_under_fp16_autocast():
         loss.backward()
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert forward.casts == [(torch.float16, torch.bfloat16)], forward.casts
-    assert backward.casts == [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)], backward.casts
+    assert backward.casts == [(torch.float32, torch.bfloat16), (torch.float16, torch.bfloat16),
+                              (torch.bfloat16, torch.float16)], backward.casts

@@ -72,7 +72,10 @@ def test_bad_settings(kwargs, message):
 @pytest.mark.parametrize('H,W,max_dist', [(7, 5, 3), (1, 6, 2), (9, 1, 12)])
 def test_axial_attention_chunks_match_loop_reference(H, W, max_dist):
     """Column and row attention computed in chunks of one sequence: outputs and gradients exact."""
-    from aa_det.models.layers.gsa import column_attention, row_attention
+    from aa_det.models.layers.gsa import column_attention
+
+    def row_attention(q, v, table, chunk_logits):  # as the layer computes it: columns of the transposed maps
+        return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table, chunk_logits).transpose(-1, -2)
     torch.manual_seed(0)
     q, v = (torch.randn(2, 3, d, H, W, dtype=torch.float64, requires_grad=True) for d in (4, 5))
     table = torch.randn(2 * max_dist - 1, 4, dtype=torch.float64, requires_grad=True)

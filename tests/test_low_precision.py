@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers.aa_conv import attention_materialized, relative_attention, relative_logits
-from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention, row_attention
+from aa_det.models.layers.gsa import column_attention, compute_dtype, content_attention
+from aa_det.models.layers.relative_position import relative_embeddings
 
 from attention_inputs import aa_inputs, rel_err
 from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL, CPU_FP16_SDPA
@@ -35,7 +36,8 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
     if kind == 'ours':
         out = relative_attention(qs, ks, vs, ths, tws, H, W, impl='sdpa')
     else:
-        rel_h, rel_w = relative_logits(qs.to(acc), ths, tws, H, W)
+        rel_h, rel_w = relative_logits(qs.to(acc).unflatten(2, (H, W)), relative_embeddings(ths, H),
+                                       relative_embeddings(tws, W))
         bias = (rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)  # [B, Nh, HW, HW]
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias.to(dtype), scale=1.0)
     grads = torch.autograd.grad((out.double() * gout).sum(), (qs, ks, vs, ths, tws))
@@ -67,7 +69,8 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range(q_scale, table_scale
     out, *grads = _aa_run('ours', (q, k, v, th, tw, gout), torch.float16)
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
-    rel_h, rel_w = relative_logits(q16, th.float(), tw.float(), 12, 10)
+    rel_h, rel_w = relative_logits(q16.unflatten(2, (12, 10)), relative_embeddings(th.float(), 12),
+                                   relative_embeddings(tw.float(), 10))
     s = 2.0 ** torch.frexp(torch.maximum(rel_h.abs().amax(), rel_w.abs().amax()) / 2 ** 14).exponent.clamp(0, 15)
     assert (s > 1) == (q_scale == 1)  # table entries past 65504 stay float32: only large logits need s
     rel_h, rel_w = ((t / s).half().float() * s for t in (rel_h, rel_w))  # what float16 holds, unfolded
@@ -84,7 +87,7 @@ def _gsa_inputs(seed, B=2, Nh=4, dk=8, dv=8, H=24, W=20):
 
 GSA_KERNELS = {'content': lambda q, k, v, t: content_attention(q, k, v),
                'column': lambda q, k, v, t: column_attention(q, v, t),
-               'row': lambda q, k, v, t: row_attention(q, v, t)}
+               'row': lambda q, k, v, t: column_attention(q.mT, v.mT, t).mT}  # as the layer: transposed maps
 
 
 def _gsa_run(kernel, inputs, dtype, device='cpu'):

@@ -36,9 +36,10 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
-def test_blocked_path_never_materialises_full_logits(monkeypatch):
+@pytest.mark.parametrize('queries, blocks', [(10, 9 * 2), (22, 5)])
+def test_blocked_path_never_materialises_full_logits(monkeypatch, queries, blocks):
     """With a small block bound, no logits block exceeds it, in the forward or the backward (which recomputes
-    each block)."""
+    each block): a 9x11 map in runs of 10 and 1 queries per row, or in blocks of 2 whole rows."""
     seen = []
     real = aa_conv.attention_materialized
 
@@ -48,11 +49,11 @@ def test_blocked_path_never_materialises_full_logits(monkeypatch):
 
     monkeypatch.setattr(aa_conv, 'attention_materialized', spy)
     q, k, v, th, tw = _inputs(H=9, W=11)
-    bound = 2 * 3 * 99 * 10
+    bound = 2 * 3 * 99 * queries
     out = relative_attention(q, k, v, th, tw, 9, 11, impl='blocked', block_logits=bound)
     forward_calls = len(seen)
     out.sum().backward()
-    assert forward_calls == 10 and len(seen) == 20  # ceil(99 / 10) blocks in each pass
+    assert forward_calls == blocks and len(seen) == 2 * blocks
     assert max(seen) <= bound < 2 * 3 * 99 * 99
 
 

@@ -20,6 +20,7 @@ Example:
     >>> AAConv2d(64, 64, 3, stride=2, num_heads=4)(torch.rand(1, 64, 9, 13)).shape
     torch.Size([1, 64, 5, 7])
 """
+import itertools
 import numbers
 from typing import Optional, Tuple
 
@@ -205,20 +206,20 @@ class AAConv2d(BaseModule):
         return torch.cat([self.conv(x), attn], dim=1)  # [B, F_out, H / s, W / s]
 
 
-def relative_logits(q: Tensor, table_h: Tensor, table_w: Tensor, H: int, W: int) -> Tuple[Tensor, Tensor]:
-    """Eq. (3)'s relative terms per query: ``rel_h[.., i, h] = q_i . r^H[h - h_i]`` and ``rel_w[.., i, w] =
-    q_i . r^W[w - w_i]``, tables of ``H`` and ``W`` numbers (the paper's ``S^H``, ``S^W`` before broadcasting).
+def relative_logits(q: Tensor, emb_h: Tensor, emb_w: Tensor) -> Tuple[Tensor, Tensor]:
+    """Eq. (3)'s relative terms of a ``h x w`` rectangle of queries: ``rel_h[.., i, j] = q_i . r^H[j - h_i]`` and
+    ``rel_w[.., i, j] = q_i . r^W[j - w_i]`` (the paper's ``S^H``, ``S^W`` before broadcasting).
 
     Args:
-        q (Tensor): ``[B, Nh, HW, d]`` scaled queries.
-        table_h, table_w (Tensor): ``[2M - 1, d]`` relative embeddings.
+        q (Tensor): ``[B, Nh, h, w, d]`` scaled queries.
+        emb_h (Tensor): ``[h, H, d]``, the rows of :func:`relative_embeddings` of the height table for the queries'
+            rows; emb_w (Tensor): ``[w, W, d]``, those of the width table for their columns.
 
     Returns:
-        tuple[Tensor, Tensor]: ``[B, Nh, HW, H]`` and ``[B, Nh, HW, W]``.
+        tuple[Tensor, Tensor]: ``[B, Nh, hw, H]`` and ``[B, Nh, hw, W]``.
     """
-    q = q.unflatten(2, (H, W))  # [B, Nh, H, W, d]
-    rel_h = torch.einsum('bnhwd,hjd->bnhwj', q, relative_embeddings(table_h, H))  # [B, Nh, H, W, H (h_j)]
-    rel_w = torch.einsum('bnhwd,wjd->bnhwj', q, relative_embeddings(table_w, W))  # [B, Nh, H, W, W (w_j)]
+    rel_h = torch.einsum('bnhwd,hjd->bnhwj', q, emb_h)  # [B, Nh, h, w, H (h_j)]
+    rel_w = torch.einsum('bnhwd,wjd->bnhwj', q, emb_w)  # [B, Nh, h, w, W (w_j)]
     return rel_h.flatten(2, 3), rel_w.flatten(2, 3)
 
 
@@ -241,52 +242,71 @@ def attention_materialized(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tens
 
 
 class _BlockedAttention(torch.autograd.Function):
-    """:func:`attention_materialized` per block of ``rows`` queries. The forward keeps no block; the backward
-    recomputes each block under autograd and takes its gradients, so both passes hold one block of logits.
+    """:func:`attention_materialized` per ``bh x bw`` rectangle of queries, their relative logits included.
+    The forward keeps no block; the backward recomputes each block under autograd and takes its gradients, so
+    both passes hold one block of logits, and the relative logits (``H + W`` numbers per query and head) are
+    never kept whole.
 
     Outputs and gradients are written into whole tensors: small tensors left behind between freed blocks would
     fragment the CPU allocator's heap and grow the peak RSS with every block.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, rel_h, rel_w, H, W, rows):
-        ctx.save_for_backward(q, k, v, rel_h, rel_w)
-        ctx.H, ctx.W, ctx.rows = H, W, rows
-        out = v.new_empty(*q.shape[:3], v.shape[-1])  # [B, Nh, HW, dv]
-        for s in range(0, q.shape[2], rows):
-            sl = slice(s, s + rows)
-            rel = (None, None) if rel_h is None else (rel_h[:, :, sl], rel_w[:, :, sl])
-            out[:, :, sl] = attention_materialized(q[:, :, sl], k, v, *rel, H, W)
-        return out
+    def forward(ctx, q, k, v, emb_h, emb_w, H, W, bh, bw):
+        ctx.save_for_backward(q, k, v, emb_h, emb_w)
+        ctx.H, ctx.W, ctx.bh, ctx.bw = H, W, bh, bw
+        q = q.unflatten(2, (H, W))  # [B, Nh, H, W, d]
+        out = v.new_empty(*q.shape[:4], v.shape[-1])  # [B, Nh, H, W, dv]
+        for h0, w0 in itertools.product(range(0, H, bh), range(0, W, bw)):
+            rows, cols = slice(h0, h0 + bh), slice(w0, w0 + bw)
+            q_b = q[:, :, rows, cols]  # [B, Nh, bh, bw, d]
+            rel = (None, None) if emb_h is None else relative_logits(q_b, emb_h[rows], emb_w[cols])
+            out[:, :, rows, cols] = attention_materialized(q_b.flatten(2, 3), k, v, *rel, H, W).unflatten(
+                2, q_b.shape[2:4])
+        return out.flatten(2, 3)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, rel_h, rel_w = ctx.saved_tensors
+        q, k, v, emb_h, emb_w = ctx.saved_tensors
+        H, W = ctx.H, ctx.W
+        q, grad_out = q.unflatten(2, (H, W)), grad_out.unflatten(2, (H, W))  # [B, Nh, H, W, d]
         k, v = k.detach().requires_grad_(), v.detach().requires_grad_()
-        inputs = (q, k, v) if rel_h is None else (q, k, v, rel_h, rel_w)
-        grads = [torch.zeros_like(t) for t in inputs]  # written per block: no small tensor outlives a block
+        embs = () if emb_h is None else (emb_h, emb_w)
+        dq, dk, dv, *demb = [torch.zeros_like(t) for t in (q, k, v, *embs)]  # written per block
         with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):  # the forward's dtype
-            for s in range(0, q.shape[2], ctx.rows):
-                sl = slice(s, s + ctx.rows)
-                q_s, *rel = [t[:, :, sl].detach().requires_grad_() for t in inputs if t is not k and t is not v]
-                out = attention_materialized(q_s, k, v, *(rel or (None, None)), ctx.H, ctx.W)
-                for i, g in enumerate(torch.autograd.grad(out, (q_s, k, v, *rel), grad_out[:, :, sl])):
-                    if i in (1, 2):  # keys and values: every block's queries read them all
-                        grads[i] += g
-                    else:
-                        grads[i][:, :, sl] = g
-        return (*grads, *(None,) * (8 - len(grads)))
+            for h0, w0 in itertools.product(range(0, H, ctx.bh), range(0, W, ctx.bw)):
+                rows, cols = slice(h0, h0 + ctx.bh), slice(w0, w0 + ctx.bw)
+                q_b = q[:, :, rows, cols].detach().requires_grad_()
+                e_b = [e[sl].detach().requires_grad_() for e, sl in zip(embs, (rows, cols))]
+                rel = relative_logits(q_b, *e_b) if e_b else (None, None)
+                out = attention_materialized(q_b.flatten(2, 3), k, v, *rel, H, W)
+                g_q, g_k, g_v, *g_e = torch.autograd.grad(out, (q_b, k, v, *e_b),
+                                                          grad_out[:, :, rows, cols].flatten(2, 3))
+                dq[:, :, rows, cols] = g_q
+                dk += g_k  # keys and values: every block's queries read them all
+                dv += g_v
+                for d, g, sl in zip(demb, g_e, (rows, cols)):
+                    d[sl] += g
+        return (dq.flatten(2, 3), dk, dv, *(demb or (None, None)), None, None, None, None)
 
 
-def attention_blocked(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+def attention_blocked(q: Tensor, k: Tensor, v: Tensor, emb_h: Optional[Tensor], emb_w: Optional[Tensor],
                       H: int, W: int, block_logits: int = BLOCK_LOGITS) -> Tensor:
-    """:func:`attention_materialized` over blocks of queries of at most ``block_logits`` logits (at least one
-    query), each recomputed in the backward (:class:`_BlockedAttention`): memory linear in HW."""
+    """Eq. (3) over blocks of queries of at most ``block_logits`` logits (at least one query): whole rows of the
+    map, or runs of one row where a row is more, each recomputed in the backward (:class:`_BlockedAttention`).
+    Memory linear in HW.
+
+    Args:
+        q, k, v (Tensor): as :func:`attention_materialized`, ``n = HW``.
+        emb_h, emb_w (Tensor | None): :func:`relative_embeddings` of the tables, ``[H, H, d]`` and ``[W, W, d]``.
+    """
     B, Nh, N, _ = q.shape
-    rows = max(1, block_logits // (B * Nh * N))
-    if rows >= N:
-        return attention_materialized(q, k, v, rel_h, rel_w, H, W)
-    return _BlockedAttention.apply(q, k, v, rel_h, rel_w, H, W, rows)  # [B, Nh, HW, dv]
+    queries = max(1, block_logits // (B * Nh * N))
+    if queries >= N:
+        rel = (None, None) if emb_h is None else relative_logits(q.unflatten(2, (H, W)), emb_h, emb_w)
+        return attention_materialized(q, k, v, *rel, H, W)
+    bh, bw = (queries // W, W) if queries >= W else (1, queries)
+    return _BlockedAttention.apply(q, k, v, emb_h, emb_w, H, W, bh, bw)  # [B, Nh, HW, dv]
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
@@ -353,14 +373,13 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     with torch.autocast(q.device.type, enabled=False):
         q = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)
         k, v = k.to(dtype), v.to(dtype)
-        rel_h = rel_w = None
-        if table_h is not None:
-            rel_dtype = torch.promote_types(dtype, torch.float32)
-            rel_h, rel_w = relative_logits(q.to(rel_dtype), table_h.to(rel_dtype), table_w.to(rel_dtype), H, W)
-        if impl == 'sdpa':
-            out = attention_sdpa(q, k, v, rel_h, rel_w, H, W)
-        elif impl == 'blocked':
-            out = attention_blocked(q, k, v, rel_h, rel_w, H, W, block_logits)
-        else:
-            out = attention_materialized(q, k, v, rel_h, rel_w, H, W)
+        emb_h = emb_w = None
+        rel_dtype = torch.promote_types(dtype, torch.float32)
+        if table_h is not None:  # the tables read at every (query, key) offset: [H, H, d], [W, W, d]
+            emb_h, emb_w = relative_embeddings(table_h.to(rel_dtype), H), relative_embeddings(table_w.to(rel_dtype), W)
+        if impl == 'blocked':
+            out = attention_blocked(q, k, v, emb_h, emb_w, H, W, block_logits)
+        else:  # the relative logits of every query at once
+            rel = (None, None) if emb_h is None else relative_logits(q.to(rel_dtype).unflatten(2, (H, W)), emb_h, emb_w)
+            out = (attention_sdpa if impl == 'sdpa' else attention_materialized)(q, k, v, *rel, H, W)
     return out.to(out_dtype)

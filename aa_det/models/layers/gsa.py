@@ -14,7 +14,7 @@ Example:
     torch.Size([2, 64, 5, 7])
 """
 import numbers
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Optional, Sequence
 
 import torch
@@ -24,12 +24,14 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.checkpoint import checkpoint
 
 from ...utils.compat import autocast_dtype, is_capturing_graph
 from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
-__all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'row_attention', 'compute_dtype',
-           'GSA_COMPONENTS', 'AXIAL_SCALES']
+__all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'compute_dtype',
+           'GSA_COMPONENTS', 'AXIAL_SCALES', 'running_stats_frozen']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
@@ -48,6 +50,25 @@ def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
         return torch.float32
     return torch.bfloat16
+
+
+@contextmanager
+def running_stats_frozen(module: nn.Module):
+    """Within the context the BatchNorm layers of ``module`` that are training normalise by the
+    batch's statistics as before and leave their running ones as they are: momentum 0 (running
+    ``(1 - 0) * old + 0 * batch``, exactly ``old``) and no ``num_batches_tracked`` to count in.
+    They still pass their running buffers, so they save the same tensors for the backward as in
+    the forward (which torch's non-reentrant checkpoint checks). Layers in eval mode
+    (``norm_eval``, frozen stages) update nothing anyway."""
+    layers = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    saved = [(m.momentum, m.num_batches_tracked) for m in layers]
+    for m in layers:
+        m.momentum, m.num_batches_tracked = 0.0, None
+    try:
+        yield
+    finally:
+        for m, (momentum, count) in zip(layers, saved):
+            m.momentum, m.num_batches_tracked = momentum, count
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -127,11 +148,6 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CH
     return _ChunkedColumns.apply(q, v, emb, max(1, chunk_logits // (B * Nh * H * H)))
 
 
-def row_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CHUNK_LOGITS) -> Tensor:
-    """Row-only positional attention: :func:`column_attention` on transposed maps."""
-    return column_attention(q.transpose(-1, -2), v.transpose(-1, -2), table, chunk_logits).transpose(-1, -2)
-
-
 @MODELS.register_module('GSA')
 class GlobalSelfAttention2d(BaseModule):
     """Global self-attention (GSA) module, a drop-in for a 3x3 convolution.
@@ -200,12 +216,6 @@ class GlobalSelfAttention2d(BaseModule):
             self.offset_range = TrainedOffsetRange(max_rel_dist)  # offsets (column, row) trained so far
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
-    def relative_table(self, name: str, length: int) -> Tensor:
-        """The rows of ``rel_col`` (``name='column'``) or ``rel_row`` a map of ``length`` along that axis
-        may use (:class:`TrainedOffsetRange`): ``[2m - 1, dkh]``."""
-        table = self.rel_col if name == 'column' else self.rel_row
-        return self.offset_range.crop(table, 0 if name == 'column' else 1, length)
-
     def scale_axial(self, out: Tensor, name: str, length: int) -> Tensor:
         """``out``, the sum of the ``name`` (``'column'`` / ``'row'``) sub-layer over a map of ``length`` along
         its axis, scaled as ``axial_scale`` says: ``'trained'`` times ``T / max(T, L)`` with ``T`` the longest
@@ -225,7 +235,13 @@ class GlobalSelfAttention2d(BaseModule):
         super().init_weights()
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
-    def forward(self, x: Tensor) -> Tensor:
+    def recompute_contexts(self):
+        """``context_fn`` of the layer's checkpoint: the forward as it is, the recomputation with ``norm_col``'s
+        running statistics frozen (updated once per step)."""
+        return nullcontext(), running_stats_frozen(self)
+
+    def attention(self, x: Tensor) -> Tensor:
+        """Content plus positional attention of ``x`` ``[B, C, H, W]``, before the stride: ``[B, out_channels, H, W]``."""
         B, _, H, W = x.shape
         amp = autocast_dtype(x.device.type)
         dtype = compute_dtype(amp or x.dtype, x.device)
@@ -234,23 +250,27 @@ class GlobalSelfAttention2d(BaseModule):
         with torch.autocast(x.device.type, dtype=dtype) if bf16_conv else nullcontext():
             q, k, v = self.qkv(x).to(dtype).split([self.key_channels, self.key_channels, self.out_channels], 1)
         shape = (B, self.num_heads, -1, H, W)
-        # q and v copied: the backward keeps them, not the whole qkv output their views would keep alive
-        q, k, v = q.reshape(shape).clone(), k.reshape(shape), v.reshape(shape).clone()  # [B, Nh, d, H, W]
-        components = self.components
+        q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)  # [B, Nh, d, H, W]
         with torch.autocast(x.device.type, enabled=False):
-            out = content_attention(q, k, v) if 'content' in components else 0
+            out = content_attention(q, k, v) if 'content' in self.components else 0
             pos = v
-            if 'column' in components:
-                pos = column_attention(q, pos, self.relative_table('column', H))
-                pos = self.scale_axial(pos, 'column', H)
-                if 'row' in components:
+            if 'column' in self.components:
+                table = self.offset_range.crop(self.rel_col, 0, H)
+                pos = self.scale_axial(column_attention(q, pos, table), 'column', H)
+                if 'row' in self.components:
                     pos = self.norm_col(pos.reshape(B, -1, H, W)).view(pos.shape)
-            if 'row' in components:
-                pos = row_attention(q, pos, self.relative_table('row', W))
+            if 'row' in self.components:  # column attention of the transposed maps
+                table = self.offset_range.crop(self.rel_row, 1, W)
+                pos = column_attention(q.transpose(-1, -2), pos.transpose(-1, -2), table).transpose(-1, -2)
                 pos = self.scale_axial(pos, 'row', W)
-            if 'column' in components or 'row' in components:
+            if 'column' in self.components or 'row' in self.components:
                 out = out + pos  # [B, Nh, dvh, H, W]
-        out = out.reshape(B, self.out_channels, H, W)
-        if self.stride == 2:
-            out = F.avg_pool2d(out, 2, 2, ceil_mode=True)
-        return out
+        return out.reshape(B, self.out_channels, H, W)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and torch.is_grad_enabled() and not is_capturing_graph():
+            # the backward recomputes the layer from x: it keeps none of its own maps (docs/design.md)
+            out = checkpoint(self.attention, x, use_reentrant=False, context_fn=self.recompute_contexts)
+        else:
+            out = self.attention(x)
+        return F.avg_pool2d(out, 2, 2, ceil_mode=True) if self.stride == 2 else out

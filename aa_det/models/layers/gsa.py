@@ -241,7 +241,8 @@ class GlobalSelfAttention2d(BaseModule):
         return nullcontext(), running_stats_frozen(self)
 
     def attention(self, x: Tensor) -> Tensor:
-        """Content plus positional attention of ``x`` ``[B, C, H, W]``, before the stride: ``[B, out_channels, H, W]``."""
+        """Content plus positional attention of ``x`` ``[B, C, H, W]``, before the stride's pool:
+        ``[B, out_channels, H, W]``."""
         B, _, H, W = x.shape
         amp = autocast_dtype(x.device.type)
         dtype = compute_dtype(amp or x.dtype, x.device)

@@ -112,3 +112,36 @@ def test_gsa_backward_with_batch_one_and_degenerate_views(heads, size):
     x = torch.randn(1, 8, *size, requires_grad=True)
     gsa(x).square().sum().backward()
     assert torch.isfinite(x.grad).all() and gsa.rel_col.grad is not None and gsa.rel_row.grad is not None
+
+
+def _saved_numel(layer, x):
+    """Elements of the activations a training forward of ``layer`` keeps for its backward (parameters aside)."""
+    params = {p.data_ptr() for p in layer.parameters()}
+    saved = []
+
+    def pack(t):
+        saved.append(0 if t.data_ptr() in params else t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    return sum(saved), out
+
+
+def test_gsa_keeps_only_its_input_and_updates_statistics_once():
+    """In training the layer recomputes itself in the backward: it keeps no map beyond its input (without the
+    recomputation it keeps five of its width), and ``norm_col``'s running statistics move once per step, as in a
+    forward that records no graph."""
+    torch.manual_seed(0)
+    gsa = GlobalSelfAttention2d(16, 16, num_heads=4).train()
+    x = torch.randn(2, 16, 12, 10, requires_grad=True)
+    numel, out = _saved_numel(gsa, x)
+    assert numel <= x.numel(), numel
+    out.square().sum().backward()
+    with torch.no_grad():
+        reference = GlobalSelfAttention2d(16, 16, num_heads=4).train()
+        reference.load_state_dict({k: v for k, v in gsa.state_dict().items() if 'norm_col' not in k}, strict=False)
+        reference(x)
+    assert int(gsa.norm_col.num_batches_tracked) == 1
+    torch.testing.assert_close(gsa.norm_col.running_mean, reference.norm_col.running_mean)
+    torch.testing.assert_close(gsa.norm_col.running_var, reference.norm_col.running_var)

@@ -57,6 +57,24 @@ def test_blocked_path_never_materialises_full_logits(monkeypatch, queries, block
     assert max(seen) <= bound < 2 * 3 * 99 * 99
 
 
+def test_blocked_path_keeps_no_relative_logits():
+    """An AA layer on the CPU keeps fewer elements for its backward than the relative logits alone would be
+    (``B * Nh * HW * (H + W)``): each block computes its own."""
+    torch.manual_seed(0)
+    conv = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4).train()
+    x = torch.randn(2, 16, 40, 40, requires_grad=True)
+    params = {p.data_ptr() for p in conv.parameters()}
+    saved = []
+
+    def pack(t):
+        saved.append(0 if t.data_ptr() in params else t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        conv(x)
+    assert sum(saved) < 2 * 4 * 40 * 40 * (40 + 40), sum(saved)
+
+
 def test_blocked_path_without_position_encoding_matches_reference():
     q, k, v, _, _ = _inputs(H=4, W=6)
     outs = [attention_reference(q, k, v, None, None, 4, 6),

@@ -4,7 +4,7 @@ Each backbone (the class defaults: AA-ResNet-50, GSA-ResNet-50 with attention in
 process: one fp32 forward + backward (``sum of the outputs' means``) of a 1x3x1024x1024 image, training mode.
 The figure is the growth of the peak RSS (``ru_maxrss``) over the step, after the model and input exist: the
 median of ``--repeats`` processes per backbone, as the allocator's threads place blocks differently from run to
-run (by up to 0.2 GiB).
+run (by up to 0.6 GiB for one backbone).
 ``--root`` imports ``aa_det`` from another checkout (e.g. a ``git worktree`` of an older commit), so two
 versions can be measured side by side.
 

@@ -1,5 +1,6 @@
 """Inputs and the error measure shared by the low-precision tests (tests/test_low_precision.py) and
-the tests of what a GPU runs (tests/test_cuda_path.py)."""
+the tests of what a GPU runs (tests/test_cuda_path.py); what a layer keeps for its backward (the AA and GSA
+tests)."""
 import torch
 
 
@@ -18,3 +19,18 @@ def aa_inputs(seed, B=2, Nh=4, H=12, W=10, d=20, dv=3, max_dist=12):
 
     return (rnd(B, Nh, H * W, d, scale=d ** -0.5), rnd(B, Nh, H * W, d), rnd(B, Nh, H * W, dv),
             rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(2 * max_dist - 1, d, scale=d ** -0.5), rnd(B, Nh, H * W, dv))
+
+
+def saved_numel(layer, x):
+    """Elements of the activations a training forward of ``layer`` keeps for its backward (parameters aside),
+    and the output."""
+    params = {p.data_ptr() for p in layer.parameters()}
+    saved = []
+
+    def pack(t):
+        saved.append(0 if t.data_ptr() in params else t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(x)
+    return sum(saved), out

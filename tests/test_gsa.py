@@ -4,6 +4,7 @@ import torch
 
 from aa_det.models.layers import GlobalSelfAttention2d
 
+from attention_inputs import saved_numel
 from kernel_references import gsa_qkv, gsa_reference
 
 
@@ -114,20 +115,6 @@ def test_gsa_backward_with_batch_one_and_degenerate_views(heads, size):
     assert torch.isfinite(x.grad).all() and gsa.rel_col.grad is not None and gsa.rel_row.grad is not None
 
 
-def _saved_numel(layer, x):
-    """Elements of the activations a training forward of ``layer`` keeps for its backward (parameters aside)."""
-    params = {p.data_ptr() for p in layer.parameters()}
-    saved = []
-
-    def pack(t):
-        saved.append(0 if t.data_ptr() in params else t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = layer(x)
-    return sum(saved), out
-
-
 def test_gsa_keeps_only_its_input_and_updates_statistics_once():
     """In training the layer recomputes itself in the backward: it keeps no map beyond its input (without the
     recomputation it keeps five of its width), and ``norm_col``'s running statistics move once per step, as in a
@@ -135,7 +122,7 @@ def test_gsa_keeps_only_its_input_and_updates_statistics_once():
     torch.manual_seed(0)
     gsa = GlobalSelfAttention2d(16, 16, num_heads=4).train()
     x = torch.randn(2, 16, 12, 10, requires_grad=True)
-    numel, out = _saved_numel(gsa, x)
+    numel, out = saved_numel(gsa, x)
     assert numel <= x.numel(), numel
     out.square().sum().backward()
     with torch.no_grad():

@@ -6,6 +6,7 @@ from aa_det.models.layers import AAConv2d, aa_channels
 from aa_det.models.layers import aa_conv
 from aa_det.models.layers.aa_conv import relative_attention
 
+from attention_inputs import saved_numel
 from kernel_references import attention_reference
 from torch_versions import CPU_FP16_AUTOCAST
 
@@ -63,16 +64,8 @@ def test_blocked_path_keeps_no_relative_logits():
     torch.manual_seed(0)
     conv = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4).train()
     x = torch.randn(2, 16, 40, 40, requires_grad=True)
-    params = {p.data_ptr() for p in conv.parameters()}
-    saved = []
-
-    def pack(t):
-        saved.append(0 if t.data_ptr() in params else t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        conv(x)
-    assert sum(saved) < 2 * 4 * 40 * 40 * (40 + 40), sum(saved)
+    numel, _ = saved_numel(conv, x)
+    assert numel < 2 * 4 * 40 * 40 * (40 + 40), numel
 
 
 def test_blocked_path_without_position_encoding_matches_reference():

@@ -56,6 +56,9 @@ def main():
     runner.train()
     metrics = runner.test()
     print('\nDemo result (COCO bbox, val split of the shapes dataset):')
+    if 'coco/bbox_mAP' not in metrics:  # mmdet's CocoMetric returns no metric when nothing was detected
+        print('  nothing detected on the val split (mAP=0.000): train longer, or check the config')
+        return
     print('  ' + '  '.join(f'{k.replace("bbox_", "")}={metrics[f"coco/{k}"]:.3f}' for k in METRICS))
 
 

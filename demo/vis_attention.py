@@ -34,7 +34,7 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import load_checkpoint  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from aa_det.utils import ConfigError, mmengine_checkpoint_globals  # noqa: E402
+from aa_det.utils import ConfigError  # noqa: E402
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d  # noqa: E402
 from attention_maps import attention_weights  # noqa: E402
 from config_runner import load_config  # noqa: E402
@@ -89,8 +89,7 @@ def main():
         raise ConfigError(f'checkpoint file not found: {args.checkpoint}')
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     model = revert_sync_batchnorm(MODELS.build(cfg.model))  # a single process: BN for the config's SyncBN
-    with mmengine_checkpoint_globals():
-        load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
+    load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
     backbone = model.backbone
     backbone.eval()
     layer = dict(backbone.named_modules()).get(args.layer)

@@ -27,7 +27,6 @@ from mmdet.registry import DATASETS, VISUALIZERS  # noqa: E402
 from mmdet.utils.misc import IMG_EXTENSIONS  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 
-from aa_det.utils import mmengine_checkpoint_globals  # noqa: E402
 from config_runner import load_config  # noqa: E402
 
 
@@ -63,16 +62,18 @@ def checkpoint_has_classes(path):
 
     mmap keeps this cheap: tensors are not read. Also turns an unreadable file into one line."""
     try:
-        with mmengine_checkpoint_globals():  # what a Runner checkpoint holds, allowed here only
-            try:
-                ckpt = torch.load(path, map_location='cpu', mmap=True)
-            except RuntimeError as e:
-                if 'mmap' not in str(e):
-                    raise
-                ckpt = torch.load(path, map_location='cpu')  # legacy (non-zip) format
+        try:
+            ckpt = torch.load(path, map_location='cpu', mmap=True)
+        except RuntimeError as e:
+            if 'mmap' not in str(e):
+                raise
+            ckpt = torch.load(path, map_location='cpu')  # legacy (non-zip) format
     except Exception as e:  # noqa: BLE001  anything torch.load rejects
-        raise SystemExit(f'aa_det: cannot read checkpoint {path} ({type(e).__name__}: '
-                         f'{str(e).splitlines()[0] if str(e) else ""})') from None
+        first = next((line for line in str(e).splitlines() if 'Unsupported global' in line),
+                     str(e).splitlines()[0] if str(e) else '')
+        hint = ('; if you trust the file: python tools/convert_checkpoint.py IN OUT'
+                if 'Unsupported global' in str(e) else '')
+        raise SystemExit(f'aa_det: cannot read checkpoint {path} ({type(e).__name__}: {first.strip()}){hint}') from None
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     if not isinstance(meta, dict):
         return False
@@ -106,8 +107,7 @@ def main():
     cfg = load_config(args.config, cfg_options=args.cfg_options)
 
     has_classes = checkpoint_has_classes(args.checkpoint)
-    with mmengine_checkpoint_globals():
-        model = init_detector(cfg, args.checkpoint, device=args.device)
+    model = init_detector(cfg, args.checkpoint, device=args.device)
     source = f'the meta of {args.checkpoint}'
     if not has_classes:
         source = f'{args.config} (test_dataloader.dataset metainfo)'

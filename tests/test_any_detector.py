@@ -1,16 +1,16 @@
 """AAResNet and GSAResNet in mmdet's own detector configs.
 
-A user swaps our backbones into an mmdet detector with one config line on top
-of mmdet's config::
+A user swaps our backbones into an mmdet detector from scratch on top of mmdet's
+config, as the README's snippet does::
 
     _base_ = 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py'
-    model = dict(backbone=dict(type='AAResNet', init_cfg=None))
+    model = dict(backbone=dict(type='AAResNet', init_cfg=None, frozen_stages=-1, norm_eval=False,
+                               norm_cfg=dict(type='BN', requires_grad=True)))
 
-(or ``--cfg-options model.backbone.type=AAResNet model.backbone.init_cfg=None``).
-The config's other ResNet settings (depth 50, ``out_indices``, ``style``,
-``frozen_stages``, ``norm_cfg``) are kept, so the neck's ``in_channels`` still
-match; ``init_cfg=None`` because the config's ImageNet ResNet checkpoint is not
-one of these backbones.
+The config's other ResNet settings (depth 50, ``out_indices``, ``style``) are kept,
+so the neck's ``in_channels`` still match; ``init_cfg=None`` and nothing frozen
+because the config's ImageNet ResNet checkpoint is not one of these backbones
+(``tests/test_user_configs.py`` trains the README's snippets with mmdet's tools).
 
 For Faster R-CNN, Mask R-CNN, Cascade R-CNN, FCOS, ATSS and 4-scale DINO, each
 case writes that user config, builds the model with ``MODELS.build`` in mmdet's
@@ -68,7 +68,8 @@ def build_detector(tmp_path, base, backbone, overrides):
     """A user's config: mmdet's detector with our backbone, one line; then ``--cfg-options``."""
     path = tmp_path / f'{backbone}_{osp.basename(base)}'
     path.write_text(f"_base_ = {base!r}\n"
-                    f"model = dict(backbone=dict(type={backbone!r}, init_cfg=None))\n")
+                    f"model = dict(backbone=dict(type={backbone!r}, init_cfg=None, frozen_stages=-1, norm_eval=False,\n"
+                    f"                           norm_cfg=dict(type='BN', requires_grad=True)))\n")
     cfg = Config.fromfile(str(path))
     cfg.merge_from_dict(overrides)
     assert cfg.model.backbone.depth == 50

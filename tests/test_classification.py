@@ -11,7 +11,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner.checkpoint import _load_checkpoint_with_prefix
 
-from aa_det.utils import ConfigError, mmengine_checkpoint_globals
+from aa_det.utils import ConfigError
 from config_checks import check_classification_data
 from config_runner import build_runner, load_config
 from synthetic_shapes import generate_shapes_folder
@@ -91,9 +91,8 @@ def test_mmpretrain_train_script_checkpoint_initialises_the_detector(mmpretrain_
     runner = build_runner(load_config(DET_PRETRAINED, cfg_options=demo_options(tiny_shapes, **{
         'model.backbone.init_cfg.checkpoint': str(mmpretrain_ckpt)})))
     detector = runner.model
-    with mmengine_checkpoint_globals():  # a Runner checkpoint under torch's safe loading, as in a run
-        pretrained = _load_checkpoint_with_prefix('backbone.', str(mmpretrain_ckpt), map_location='cpu')
-        detector.init_weights()  # what Runner.train does first
+    pretrained = _load_checkpoint_with_prefix('backbone.', str(mmpretrain_ckpt), map_location='cpu')
+    detector.init_weights()  # what Runner.train does first
     assert set(pretrained) == set(detector.backbone.state_dict())  # no missing / unexpected keys
     own = detector.backbone.state_dict()  # after loading (the offset records are made afresh)
     for key, value in pretrained.items():
@@ -112,8 +111,7 @@ def test_our_train_tool_path_trains_and_tests_with_mmpretrains_metric(shapes, tm
     from mmengine.registry import init_default_scope
     init_default_scope('mmdet')
     detector_backbone = MODELS.build(load_config(DET_PRETRAINED).model).backbone
-    with mmengine_checkpoint_globals():
-        ckpt = _load_checkpoint_with_prefix('backbone.', str(tmp_path / 'epoch_1.pth'), map_location='cpu')
+    ckpt = _load_checkpoint_with_prefix('backbone.', str(tmp_path / 'epoch_1.pth'), map_location='cpu')
     assert set(ckpt) == set(detector_backbone.state_dict())
 
 

@@ -81,7 +81,7 @@ def test_configs_name_our_types():
         types = _types(_plain(path).to_dict())
         assert not types & {'FocalLoss', 'CocoDataset', 'CocoMetric'}, path
         if 'retinanet' in path:
-            assert {'Float32FocalLoss', 'CheckedCocoDataset', 'LenientCocoMetric', 'NumClassesCheckHook',
+            assert {'Float32FocalLoss', 'CheckedCocoDataset', 'LenientCocoMetric', 'EarlyNumClassCheckHook',
                     'CheckpointCheckHook', 'HeadNormCheckHook', 'StopOnNonFiniteLoss'} <= types, path
 
 
@@ -149,3 +149,18 @@ def test_damaged_checkpoint_is_refused_by_both_test_tools(tool, tiny_shapes, tmp
     out = run(tool, DEMO, bad, '--work-dir', tmp_path / 'work', options=demo_options(tiny_shapes))
     assert_refused(out, tool, rf'checkpoint file is damaged: {re.escape(bad)}: entry {re.escape(entry)} fails its CRC '
                               r'check \(a broken copy or disk\? copy or save it again\)')
+
+
+def test_our_test_tool_takes_mmdets_show_dir_and_tta(tiny_shapes, tmp_path):
+    """``--show-dir`` paints every test image's predictions and ``--tta`` tests through mmdet's flip TTA, as
+    in mmdet's own tools/test.py."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    ckpt = tmp_path / 'model.pth'
+    torch.save({'state_dict': DET_MODELS.build(Config.fromfile(DEMO).model).state_dict()}, ckpt)
+    out = run('ours/test.py', DEMO, ckpt, '--work-dir', tmp_path / 'work', '--show-dir', 'painted', '--tta',
+              options=demo_options(tiny_shapes))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'DetTTAModel' in out.stdout + out.stderr
+    assert len(glob.glob(str(tmp_path / 'work' / '*' / 'painted' / '*.png'))) == 4

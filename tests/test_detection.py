@@ -101,9 +101,7 @@ def test_one_training_epoch_on_the_demo_data(tiny_shapes, tmp_path, backbone):
     # crops give AA 8x8 attention maps (stage 2 downsampled, stage 3), GSA 32x32 (stage 1).
     from mmengine.runner import CheckpointLoader
 
-    from aa_det.utils import mmengine_checkpoint_globals
-    with mmengine_checkpoint_globals():  # a Runner checkpoint under torch's safe loading
-        state = CheckpointLoader.load_checkpoint(str(tmp_path / 'epoch_1.pth'), map_location='cpu')['state_dict']
+    state = CheckpointLoader.load_checkpoint(str(tmp_path / 'epoch_1.pth'), map_location='cpu')['state_dict']
     records = {k: v.tolist() for k, v in state.items() if k.endswith('offset_range._extra_state')}
     assert records and all(min(r) >= 0 for r in records.values())
     assert max(max(r) for r in records.values()) == (7 if backbone == 'AAResNet' else 31)
@@ -132,9 +130,7 @@ def test_compile_backbone_hook_trains_the_demo_in_one_graph(tiny_shapes, tmp_pat
     assert torch.isfinite(torch.tensor(runner.message_hub.get_scalar('train/loss').current()))
     from mmengine.runner import CheckpointLoader
 
-    from aa_det.utils import mmengine_checkpoint_globals
-    with mmengine_checkpoint_globals():  # a Runner checkpoint under torch's safe loading
-        state = CheckpointLoader.load_checkpoint(str(tmp_path / 'epoch_1.pth'), map_location='cpu')['state_dict']
+    state = CheckpointLoader.load_checkpoint(str(tmp_path / 'epoch_1.pth'), map_location='cpu')['state_dict']
     records = [v.tolist() for k, v in state.items() if k.endswith('offset_range._extra_state')]
     assert records and max(max(r) for r in records) == 7  # as eager (8x8 maps), recorded in the graph
 
@@ -409,6 +405,19 @@ def test_image_that_fails_to_decode_names_the_file(tmp_path):
                                                             'train_dataloader.batch_size': 4}))
     with pytest.raises(Exception, match='000001.png'):
         build_runner(cfg).train()
+
+
+def test_demo_says_when_nothing_was_detected(tmp_path):
+    """A detector that predicts no box (here: every score under ``score_thr``) ends the demo with one line,
+    where mmdet's CocoMetric returns no metric (it was ``KeyError: 'coco/bbox_mAP'``)."""
+    options = {'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 4, 'train_dataloader.dataset.indices': 4,
+               'test_dataloader.dataset.indices': 2, 'model.test_cfg.score_thr': 1.1}
+    out = run_python([osp.join(ROOT, 'demo/detection_demo.py'), '--data-root', tmp_path / 'shapes', '--work-dir',
+                      tmp_path / 'work', '--cfg-options'] + [f'{k}={v}' for k, v in options.items()],
+                     env=dict(os.environ, OMP_NUM_THREADS='1'), cwd=ROOT)
+    assert out.returncode == 0 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1].strip() == ('nothing detected on the val split (mAP=0.000): train longer, '
+                                                   'or check the config')
 
 
 @pytest.mark.slow

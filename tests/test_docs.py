@@ -1,10 +1,13 @@
 """The documentation describes the product as it is: no rounds of work or issue numbers in the
-user-facing pages (history lives in CHANGELOG.md), the README's benchmark ratios are the benchmarks' own
-output files, and the pictures' command writes its PNGs."""
+user-facing pages (history lives in CHANGELOG.md), the figures the README and docs/benchmarks.md show are
+the benchmarks' own output files (docs/data/*.json), every benchmark's command is named, and the pictures'
+command writes its PNGs."""
 import glob
+import json
 import os
 import os.path as osp
 import re
+import statistics
 import subprocess
 import sys
 
@@ -71,9 +74,21 @@ def test_forbidden_patterns_catch_what_they_should():
         assert not list(_hits(text, FORBIDDEN['issue number'])), text
 
 
+def _package_configs(package):
+    """The config file names an installed OpenMMLab package ships (``mmdet/.mim/configs``), none if it is absent."""
+    import importlib.util
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return set()
+    root = osp.join(list(spec.submodule_search_locations)[0], '.mim', 'configs')
+    return {osp.basename(p) for p in glob.glob(osp.join(root, '**', '*.py'), recursive=True)}
+
+
 def test_every_config_a_page_names_exists():
-    """A config file named in backticks on any page (``retinanet_..._coco.py``) is in configs/."""
+    """A config file named in backticks on any page (``retinanet_..._coco.py``) is in configs/ or is one of the
+    installed mmdet's or mmpretrain's own configs."""
     configs = {osp.basename(p) for p in glob.glob(osp.join(ROOT, 'configs', '*', '*.py'))}
+    configs |= _package_configs('mmdet') | _package_configs('mmpretrain')
     missing, named = [], 0
     for path in PAGES:
         with open(path, encoding='utf-8') as f:
@@ -83,10 +98,9 @@ def test_every_config_a_page_names_exists():
     assert named > 20 and not missing, missing
 
 
-def test_readme_is_a_front_page():
+def test_readme_names_the_pictures_and_their_command():
     with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
         text = f.read()
-    assert len(text.splitlines()) < 150
     for picture in PICTURES:
         assert f'docs/img/{picture}' in text, picture
         path = osp.join(ROOT, 'docs', 'img', picture)
@@ -104,29 +118,83 @@ def test_benchmarks_page_has_one_section_per_script():
         assert f'.venv/bin/python benchmarks/{name}' in text, name
 
 
-#: README Results rows (their first cell starts so) and the chart row (plot_ratios.chart_rows) each shows
-README_RATIO_ROWS = {'CPU time of a RetinaNet train step': 0, 'kernel launches of the CUDA path': 3,
-                     'non-GEMM bytes': 4, 'peak memory': 5}
+def _data(name):
+    with open(osp.join(ROOT, 'docs', 'data', name)) as f:
+        return json.load(f)
+
+
+def _lines(*path):
+    with open(osp.join(ROOT, *path), encoding='utf-8') as f:
+        return f.read().splitlines()
+
+
+def _row(lines, start):
+    """The cells of the table row whose first cell starts with ``start``."""
+    line = next((l for l in lines if l.startswith(f'| {start}')), None)
+    assert line is not None, start
+    return [cell.strip() for cell in line.strip().strip('|').split('|')]
+
+
+def _ratio(results, model, key):
+    return f'{results[model][key] / results["ResNet-50"][key]:.2f}x'
+
+
+#: README Results rows (their first cell starts so) -> (file under docs/data, result key)
+README_RATIO_ROWS = {'kernel launches of the CUDA path': ('op_counts.json', 'ops'),
+                     'FLOPs': ('op_counts.json', 'flops'),
+                     'non-GEMM bytes': ('op_counts.json', 'bytes'),
+                     'peak memory': ('op_counts.json', 'peak'),
+                     'CPU time of a RetinaNet train step': ('detection_speed_cpu.json', 'train_s')}
+EVERY_STAGE = 'GSA-ResNet-50, all stages'
 
 
 def test_readme_ratios_are_the_benchmark_files():
-    """The README's ratio rows and its chart come from docs/data/*.json (plot_ratios.py draws the chart
-    from the same files; make_pictures.sh runs it): the README's figures are those files' ratios."""
+    """The README's ratio rows are docs/data/*.json's ratios to ResNet-50 (AA cell, GSA cell and the GSA cell's
+    "every stage" figure), the line under the table names each file's commit, and the chart (plot_ratios.py, run
+    by make_pictures.sh) draws the same ratios."""
+    lines = _lines('README.md')
+    for start, (name, key) in README_RATIO_ROWS.items():
+        data = _data(name)
+        results = data['results'] if 'results' in data else next(iter(data['results_by_batch'].values()))
+        aa, gsa = _row(lines, start)[1:3]
+        assert aa == _ratio(results, 'AA-ResNet-50', key), (start, aa)
+        assert gsa.split(' ')[0] == _ratio(results, 'GSA-ResNet-50', key), (start, gsa)
+        every = re.search(r'every stage: (\S+)\)', gsa)
+        assert every is None or every.group(1) == _ratio(results, EVERY_STAGE, key), (start, gsa)
+        assert data['commit'] in ' '.join(lines), (name, data['commit'])
     sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis_tools'))
     from plot_ratios import chart_rows
-    rows = chart_rows()
-    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
-        lines = f.read().splitlines()
-    for start, index in README_RATIO_ROWS.items():
-        line = next((l for l in lines if l.startswith(f'| {start}')), None)
-        assert line is not None, start
-        cells = line.split('|')[2:4]  # AA-ResNet-50, GSA-ResNet-50
-        shown = [float(re.match(r'\s*(\d+\.\d+)x', cell).group(1)) for cell in cells]
-        assert shown == [round(r, 2) for r in rows[index][1:]], (start, shown, rows[index])
+    shown = {start: [float(c.split('x')[0]) for c in _row(lines, start)[1:3]] for start in README_RATIO_ROWS}
+    for index, start in ((0, 'CPU time of a RetinaNet train step'), (3, 'kernel launches of the CUDA path'),
+                         (4, 'non-GEMM bytes'), (5, 'peak memory')):
+        assert shown[start] == [round(r, 2) for r in chart_rows()[index][1:]], start
     assert 'plot_ratios.py' in open(osp.join(ROOT, 'tools', 'make_pictures.sh')).read()
 
 
-#: README GPU table rows (first cell) -> (file under docs/data, result key, ResNet-50's unit and scale)
+#: the README's backbone benchmark row: label before each "val / val_2x" pair -> docs/data/backbone_benchmark.json key
+README_BACKBONES = {'ResNet-18': 'ResNet-18', "ResNet-26 of GSA-ResNet-26's shape": 'ResNet-26 (GSA shape)',
+                    'AA-ResNet-18': 'AA-ResNet-18', 'GSA-ResNet-26, stages 3-4': 'GSA-ResNet-26',
+                    'stages 2-4': 'GSA-ResNet-26, stages 2-4', 'every stage': 'GSA-ResNet-26, all stages'}
+
+
+def _backbone_summaries():
+    """``{key: (val, val_2x)}``, each as ``backbone_benchmark.py`` prints it (mean +- stdev (min-max))."""
+    def summary(values):
+        return f'{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f} ({min(values):.3f}-{max(values):.3f})'
+    return {key: tuple(summary([run[split] for run in runs]) for split in ('val', 'val_2x'))
+            for key, runs in _data('backbone_benchmark.json')['results'].items()}
+
+
+def test_readme_backbone_benchmark_is_its_file():
+    line = ' | '.join(_row(_lines('README.md'), 'shapes of 10 classes over held-out photographs'))
+    summaries = _backbone_summaries()
+    for label, key in README_BACKBONES.items():
+        found = re.search(rf'(?<![\w-]){re.escape(label)}:? (\d\.\d{{3}}) / (\d\.\d{{3}})', line)
+        assert found, label
+        assert found.groups() == tuple(s.split(' ')[0] for s in summaries[key]), (label, found.groups(), summaries[key])
+
+
+#: README GPU table rows (first cell) -> (file under docs/data, result key, ResNet-50's unit)
 README_GPU_ROWS = {'train step, fp16': ('detection_speed_h200_fp16.json', 'train_s', 'ms'),
                    'train step, bf16': ('detection_speed_h200_bf16.json', 'train_s', 'ms'),
                    'backbone forward + backward, fp16': ('detection_speed_h200_fp16.json', 'backbone_s', 'ms'),
@@ -135,26 +203,46 @@ README_GPU_ROWS = {'train step, fp16': ('detection_speed_h200_fp16.json', 'train
 
 
 def test_readme_gpu_table_is_the_gpu_files():
-    """The README's GPU table and its Results row are ``detection_speed.py --json`` files of the GPU run."""
-    import json
-    with open(osp.join(ROOT, 'README.md'), encoding='utf-8') as f:
-        lines = f.read().splitlines()
+    """The README's GPU table is the ``detection_speed.py --json`` files of the GPU run, whose commit it names."""
+    lines = _lines('README.md')
     for start, (name, key, unit) in README_GPU_ROWS.items():
-        with open(osp.join(ROOT, 'docs', 'data', name)) as f:
-            data = json.load(f)
+        data = _data(name)
         results = data['results']
-        line = next((l for l in lines if l.startswith(f'| {start}')), None)
-        assert line is not None and data['commit'] in ' '.join(lines), start
-        base, aa, gsa = (cell.strip() for cell in line.split('|')[2:5])
-        value = results['ResNet-50'][key] * (1000 if unit == 'ms' else 1)
-        assert base == f'{value:.1f} {unit}' if unit == 'ms' else base == f'{value:.2f} {unit}', (start, base)
-        for cell, model in ((aa, 'AA-ResNet-50'), (gsa, 'GSA-ResNet-50')):
-            assert cell == f'{results[model][key] / results["ResNet-50"][key]:.2f}x', (start, model, cell)
-    summary = next(l for l in lines if l.startswith('| GPU train step'))  # the Results row: fp16 / bf16
-    steps = [json.load(open(osp.join(ROOT, 'docs', 'data', README_GPU_ROWS[f'train step, {amp}'][0])))['results']
-             for amp in ('fp16', 'bf16')]
-    for cell, model in zip(summary.split('|')[2:4], ('AA-ResNet-50', 'GSA-ResNet-50')):
-        assert cell.strip() == ' / '.join(f'{r[model]["train_s"] / r["ResNet-50"]["train_s"]:.2f}x' for r in steps)
+        base, aa, gsa = _row(lines, start)[1:4]
+        assert data['commit'] in ' '.join(lines), start
+        value = results['ResNet-50'][key]
+        assert base == (f'{value * 1000:.1f} ms' if unit == 'ms' else f'{value:.2f} GiB'), (start, base)
+        assert [aa, gsa] == [_ratio(results, m, key) for m in ('AA-ResNet-50', 'GSA-ResNet-50')], (start, aa, gsa)
+
+
+def test_benchmarks_page_tables_are_the_data_files():
+    """docs/benchmarks.md's tables of op_counts.py, detection_speed.py (CPU and GPU) and backbone_benchmark.py show
+    docs/data/*.json's figures."""
+    lines = _lines('docs', 'benchmarks.md')
+    text = '\n'.join(lines)
+    counts = _data('op_counts.json')
+    results = next(iter(counts['results_by_batch'].values()))
+    base = results['ResNet-50']
+    for model, r in results.items():
+        if model == 'ResNet-50':
+            continue
+        cells = [f'{r[key] / scale:{form}} ({r[key] / base[key]:.2f}x)'
+                 for key, scale, form in (('ops', 1, '.0f'), ('flops', 1e9, '.1f'), ('bytes', 2 ** 30, '.2f'),
+                                          ('peak', 2 ** 30, '.2f'))]
+        assert any(all(c in line for c in cells) for line in lines), (model, cells)
+    assert counts['commit'] in text
+    for name in ('detection_speed_cpu.json', 'detection_speed_h200_fp16.json', 'detection_speed_h200_bf16.json'):
+        data = _data(name)
+        timed = data['results']
+        for model in ('AA-ResNet-50', 'GSA-ResNet-50'):
+            if name == 'detection_speed_cpu.json':
+                cells = ' | '.join(_ratio(timed, model, key) for key in ('train_s', 'backbone_s', 'infer_s'))
+            else:
+                cells = f'{timed[model]["train_s"] * 1000:.1f} ms ({_ratio(timed, model, "train_s")})'
+            assert cells in text, (name, model, cells)
+        assert data['commit'] in text, name
+    for key, (val, val_2x) in _backbone_summaries().items():
+        assert any(val in line and val_2x in line for line in lines), (key, val, val_2x)
 
 
 @pytest.mark.slow

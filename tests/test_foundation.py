@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from tool_output import own_stderr
 from tool_process import run_python
-from torch_versions import SAFE_GLOBALS
+from aa_det.utils.compat import TORCH_VERSION
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,56 +113,56 @@ class ToyDataset(Dataset):
         return dict(inputs=torch.randn(2, generator=g), labels=torch.tensor(1.0))
 
 
-def _runner(work_dir, max_epochs, resume, load_from=None):
-    return Runner(model=ToyModel(), work_dir=str(work_dir),
+def _runner(work_dir, max_epochs, resume, load_from=None, safe=True):
+    return Runner(model=ToyModel(), work_dir=str(work_dir), experiment_name=f'{work_dir}-{max_epochs}-{resume}',  # a MessageHub each
                   train_dataloader=dict(dataset=ToyDataset(), batch_size=3, num_workers=0,
                                         sampler=dict(type='DefaultSampler', shuffle=True)),
                   train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
                   optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
                   param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True, begin=0, end=10),
                   default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
-                                     check_checkpoint=dict(type='CheckpointCheckHook')),
+                                     check_checkpoint=dict(type='CheckpointCheckHook'),
+                                     **(dict(safe_checkpoint=dict(type='SafeCheckpointHook')) if safe else {})),
                   resume=resume, load_from=load_from, default_scope='mmdet')
 
 
-@SAFE_GLOBALS
-def test_resume_from_real_mmengine_checkpoint_under_safe_loading(tmp_path):
-    """With ``CheckpointCheckHook`` (as ``configs/_base_/default_runtime.py`` names it) the allow-list
-    applies to mmengine's checkpoint loader only, during the run: resume and load_from work, a plain
-    torch.load(weights_only=True) in the same process still refuses the checkpoint, and after the run
-    mmengine's own loader is back."""
-    import aa_det  # noqa: F401  registers the hook
-    from mmengine.logging.history_buffer import HistoryBuffer
-    from mmengine.runner.checkpoint import CheckpointLoader, load_from_local
-
-    from aa_det.utils import mmengine_safe_globals
+def test_runner_checkpoints_load_safely_and_resume(tmp_path):
+    """With ``SafeCheckpointHook`` (as ``configs/_base_/default_runtime.py`` names it) a real Runner's
+    checkpoint holds nothing torch's safe unpickler refuses: ``torch.load(weights_only=True)`` reads it with
+    nothing allowed, and resume restores the MessageHub's histories and the schedule. A checkpoint of a
+    Runner without the hook is refused (``HistoryBuffer``) and ``tools/convert_checkpoint.py`` makes it one
+    that resumes the same way."""
+    import aa_det  # noqa: F401  registers the hooks
+    from mmengine.logging import HistoryBuffer
     _runner(tmp_path, 1, False).train()
-    ckpt = tmp_path / 'epoch_1.pth'
-    # What the checkpoint holds beyond tensors is in the allow-list (getattr included).
-    needed = set(torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt)))
-    allowed = {g[1] if isinstance(g, tuple) else f'{g.__module__}.{g.__qualname__}' for g in mmengine_safe_globals()}
-    assert 'builtins.getattr' in needed and needed <= allowed, needed - allowed
-    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
-        torch.load(ckpt, map_location='cpu', weights_only=True)
+    ckpt = torch.load(tmp_path / 'epoch_1.pth', map_location='cpu', weights_only=True)
+    loss = ckpt['message_hub']['log_scalars']['train/loss']
+    assert len(loss['log_history']) == 4 and loss['max_length'] > 0
     runner = _runner(tmp_path, 2, True)
     runner.train()
     assert runner.iter == 8 and runner.epoch == 2
     assert runner.optim_wrapper.get_lr()['lr'][0] == pytest.approx(0.001)  # schedule state resumed
-    assert (tmp_path / 'epoch_2.pth').exists()
-    loaded = _runner(tmp_path / 'load_from', 1, False, load_from=str(tmp_path / 'epoch_2.pth'))
-    loaded.call_hook('before_run')  # as Runner.val / test load: between before_run and after_run
-    loaded.load_or_resume()
-    loaded.call_hook('after_run')
-    assert torch.equal(loaded.model.linear.weight, runner.model.linear.weight)
-    assert HistoryBuffer not in torch.serialization.get_safe_globals()  # the allow-list was scoped
-    assert CheckpointLoader._get_checkpoint_loader('x.pth') is load_from_local  # restored by after_run
-    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
-        torch.load(tmp_path / 'epoch_2.pth', map_location='cpu', weights_only=True)
+    history = runner.message_hub.get_scalar('train/loss')
+    assert isinstance(history, HistoryBuffer) and len(history.data[0]) == 8  # epoch 1's 4 losses resumed
+
+    plain = tmp_path / 'plain'  # a Runner without the hook writes HistoryBuffer objects
+    _runner(plain, 1, False, safe=False).train()
+    if TORCH_VERSION >= (2, 6):
+        with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+            torch.load(plain / 'epoch_1.pth', map_location='cpu', weights_only=True)
+    out = run_python([os.path.join(ROOT, 'tools', 'convert_checkpoint.py'), plain / 'epoch_1.pth',
+                      plain / 'converted.pth'], cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    converted = torch.load(plain / 'converted.pth', map_location='cpu', weights_only=True)
+    losses = converted['message_hub']['log_scalars']['train/loss']['log_history'].tolist()
+    resumed = _runner(tmp_path / 'resumed', 2, True, load_from=str(plain / 'converted.pth'))
+    resumed.train()
+    history = resumed.message_hub.get_scalar('train/loss').data[0].tolist()
+    assert resumed.iter == 8 and len(losses) == 4 and len(history) == 8 and history[:4] == losses
 
 
 def test_import_changes_no_other_library():
-    """``import aa_det`` registers modules and leaves mmengine's checkpoint loading as it was (a fresh
-    interpreter: the tests' own process has run hooks)."""
+    """``import aa_det`` registers modules and leaves mmengine's checkpoint loading as it was."""
     code = ('from mmengine.runner.checkpoint import CheckpointLoader as C, load_from_local as f\n'
             'before = dict(C._schemes)\nimport aa_det\nassert C._schemes == before and C._schemes[""] is f\n')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)

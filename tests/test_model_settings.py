@@ -294,7 +294,7 @@ def test_demo_config_passes_the_checks(tiny_shapes):
 
 
 def test_num_classes_other_than_the_datasets_classes(tiny_shapes, tmp_path):
-    """mmdet's NumClassCheckHook, with one line (``NumClassesCheckHook`` in the runtime base)."""
+    """mmdet's NumClassCheckHook, with one line (``EarlyNumClassCheckHook`` in the runtime base)."""
     _stops(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 2}), tmp_path,
            r'^train_dataloader.dataset: The `num_classes` \(2\) in RetinaSepBNHead of RetinaNet does not matches the '
            r'length of `classes` 3\) in CheckedCocoDataset; set model.\*head.num_classes')
@@ -317,7 +317,7 @@ def _mmdet_config(root, base, **extra):
                                                                           ('persistent_workers', False))})
     path = root / osp.basename(base)
     path.write_text(f"_base_ = {base!r}\ncustom_imports = dict(imports=['aa_det'], allow_failed_imports=False)\n"
-                    "default_hooks = dict(check_classes=dict(type='NumClassesCheckHook'))\n")
+                    "default_hooks = dict(check_classes=dict(type='EarlyNumClassCheckHook'))\n")
     return load_config(str(path), cfg_options=dict(options, **extra))
 
 

@@ -19,5 +19,3 @@ CPU_FP16_AUTOCAST = requires_torch((2, 4), 'float16 autocast on the CPU')
 #: float16 SDPA on the CPU that keeps its logits in float32, as CUDA's fused kernels do (torch 2.4's math
 #: kernel rounds them to float16: logits past 2^11 lose whole units; it upcasts from torch 2.5)
 CPU_FP16_SDPA = requires_torch((2, 5), 'float16 SDPA on the CPU with float32 logits')
-#: torch.load's safe loading by default (weights_only=True) and its allow-list API
-SAFE_GLOBALS = requires_torch((2, 6), "torch.load's default weights_only=True")

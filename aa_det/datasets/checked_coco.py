@@ -81,6 +81,21 @@ def check_image_headers(data_list: List[dict], ann_file: str, limit: int = HEADE
                           f'are wrong, first: {bad[0][0]} {bad[0][1]} (tools/check_dataset.py CONFIG decodes them all)')
 
 
+def check_images(data_list: List[dict], ann_file: str):
+    """The images of ``data_list`` (``img_path``, ``width``, ``height``, as mmdet's datasets list them) exist
+    (:func:`missing_files`) and their headers fit (:func:`check_image_headers`); one line for the first
+    problem. Images behind a URL are left to the loader."""
+    paths = [info['img_path'] for info in data_list]
+    if not paths or '://' in paths[0]:
+        return
+    missing = missing_files(paths)
+    if missing and not osp.isdir(osp.dirname(missing[0])):
+        raise ConfigError(f'image folder not found: {osp.dirname(missing[0])} (data_prefix.img), listed in {ann_file}')
+    if missing:
+        raise ConfigError(f'{len(missing)} of {len(paths)} images listed in {ann_file} are missing, first: {missing[0]}')
+    check_image_headers(data_list, ann_file)
+
+
 def nesting_hint(path: str) -> str:
     """Why an annotation file has no top-level COCO keys: the key its COCO dict is nested under, or
     what it holds."""
@@ -175,16 +190,8 @@ class CheckedCocoDataset(CocoDataset):
                   + ('' if not skipped else ' (marked ignore, category not in the classes, zero-size or outside '
                                             'the image: tools/check_dataset.py CONFIG lists them)'),
                   logger='current', level=30 if skipped else 20)
-        paths = [info['img_path'] for info in data_list]
-        if self.backend_args is None and paths and '://' not in paths[0]:
-            missing = missing_files(paths)
-            if missing and not osp.isdir(osp.dirname(missing[0])):
-                raise ConfigError(f'image folder not found: {osp.dirname(missing[0])} (data_prefix.img), listed in '
-                                  f'{self.ann_file}')
-            if missing:
-                raise ConfigError(f'{len(missing)} of {len(paths)} images listed in {self.ann_file} are missing, '
-                                  f'first: {missing[0]}')
-            check_image_headers(data_list, self.ann_file)
+        if self.backend_args is None:
+            check_images(data_list, self.ann_file)
         if self.test_mode and self.num_annotations == 0:
             print_log(f'aa_det: {self.ann_file} has no annotations: every COCO metric of this set will be -1',
                       logger='current', level=30)

@@ -1,12 +1,15 @@
 """Run pieces a config names, registered in mmdet's and mmengine's registries: the hooks that check a run
-(``StopOnNonFiniteLoss``, ``StopOnNonFiniteOutputs``, ``NumClassesCheckHook``, ``HeadNormCheckHook``,
-``CheckpointCheckHook``), ``CompileBackboneHook`` and ``MergedGroupsOptimWrapperConstructor``."""
+(``StopOnNonFiniteLoss``, ``StopOnNonFiniteOutputs``, ``EarlyNumClassCheckHook``, ``DatasetCheckHook``,
+``HeadNormCheckHook``, ``CheckpointCheckHook``), ``SafeCheckpointHook`` (checkpoints torch's safe loading
+reads), ``RunChecksHook`` (all of them, for a config of one's own), ``CompileBackboneHook`` and
+``MergedGroupsOptimWrapperConstructor``."""
 from ..utils.errors import ConfigError
-from .checkpoints import CheckpointCheckHook
-from .hooks import (CompileBackboneHook, HeadNormCheckHook, NonFiniteLossError, NonFiniteOutputError,
-                    NumClassesCheckHook, StopOnNonFiniteLoss, StopOnNonFiniteOutputs)
+from .checkpoints import CheckpointCheckHook, SafeCheckpointHook
+from .hooks import (CompileBackboneHook, DatasetCheckHook, EarlyNumClassCheckHook, HeadNormCheckHook,
+                    NonFiniteLossError, NonFiniteOutputError, StopOnNonFiniteLoss, StopOnNonFiniteOutputs)
 from .optim_wrapper import MergedGroupsOptimWrapperConstructor
+from .run_checks import RunChecksHook
 
-__all__ = ['CheckpointCheckHook', 'CompileBackboneHook', 'ConfigError', 'HeadNormCheckHook',
-           'MergedGroupsOptimWrapperConstructor', 'NonFiniteLossError', 'NonFiniteOutputError',
-           'NumClassesCheckHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs']
+__all__ = ['CheckpointCheckHook', 'CompileBackboneHook', 'ConfigError', 'DatasetCheckHook', 'EarlyNumClassCheckHook',
+           'HeadNormCheckHook', 'MergedGroupsOptimWrapperConstructor', 'NonFiniteLossError', 'NonFiniteOutputError',
+           'RunChecksHook', 'SafeCheckpointHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs']

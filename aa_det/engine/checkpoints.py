@@ -1,6 +1,14 @@
-"""Checkpoints loaded safely and checked before a run loads them (:class:`CheckpointCheckHook`): mmengine
-loads whatever keys match (a warning among hundreds of log lines), trusts the values, and on torch >= 2.6
-refuses its own Runner checkpoints (``Unsupported global: ...HistoryBuffer``)."""
+"""Checkpoints that torch's safe loading reads (:class:`SafeCheckpointHook`), and checked before a run loads
+them (:class:`CheckpointCheckHook`).
+
+mmengine 0.10.7's Runner writes its ``MessageHub`` state as ``HistoryBuffer`` objects holding numpy arrays,
+which torch >= 2.6's ``torch.load`` (``weights_only=True``) refuses (``Unsupported global:
+...HistoryBuffer``): mmdet's ``init_detector``, ``DetInferencer``, ``tools/test.py``, ``load_from`` and
+``--resume`` all fail on such a file. With :class:`SafeCheckpointHook` the Runner writes them as plain
+tensors and numbers instead, and reads them back into the ``MessageHub`` on resume; nothing is allowed
+beyond torch's own safe types. mmengine loads whatever keys match (a warning among hundreds of log lines)
+and trusts the values: :class:`CheckpointCheckHook` checks the file first.
+"""
 import glob
 import os.path as osp
 import re
@@ -8,16 +16,16 @@ import zipfile
 import zlib
 from typing import Optional
 
+import numpy as np
 import torch
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
-from mmengine.logging import print_log
+from mmengine.logging import HistoryBuffer, print_log
 from mmengine.model import is_model_wrapper
 from mmengine.runner import BaseLoop
-from mmengine.runner.checkpoint import CheckpointLoader, _load_checkpoint, find_latest_checkpoint, load_from_local
+from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
 from ..utils.errors import ConfigError
-from ..utils.safe_load import mmengine_checkpoint_globals
 
 #: keys that may differ when ``load_from`` fine-tunes a detector to other classes: the heads'
 #: classification layers (RetinaNet's ``retina_cls``, FCOS / ATSS's ``conv_cls``, two-stage ``fc_cls``)
@@ -41,13 +49,12 @@ def read_checkpoint(path: str) -> dict:
             raise ConfigError(f'checkpoint file is damaged: {path}: entry {damaged} fails its CRC check '
                               '(a broken copy or disk? copy or save it again)')
     try:
-        with mmengine_checkpoint_globals():
-            checkpoint = _load_checkpoint(path, map_location='cpu', logger='silent')
+        checkpoint = _load_checkpoint(path, map_location='cpu', logger='silent')
     except Exception as e:  # noqa: BLE001  torch raises a different type for every kind of damage
         unsupported = re.search(r'Unsupported global: (GLOBAL \S+)', str(e))
         if unsupported:
             reason = (f'it holds Python objects that safe loading refuses ({unsupported.group(1)}); '
-                      'if you trust the file, load it once and save only its state_dict')
+                      'if you trust the file, convert it: python tools/convert_checkpoint.py IN OUT')
         elif 'zip archive' in str(e) or isinstance(e, EOFError):
             reason = 'it is truncated or damaged (an interrupted copy or save?)'
         else:
@@ -115,28 +122,23 @@ def latest_usable_checkpoint(work_dir: str) -> Optional[tuple]:
                                      'holds no other epoch_*.pth / iter_*.pth')
 
 
-def load_from_local_safely(filename, map_location):
-    """mmengine's loader of local files, with mmengine's checkpoint types allowed by torch's safe loading."""
-    with mmengine_checkpoint_globals():
-        return load_from_local(filename, map_location)
-
-
 @HOOKS.register_module()
 class CheckpointCheckHook(Hook):
-    """From ``before_run`` to ``after_run`` mmengine's loader of local files (``load_from``, ``resume``,
-    ``Pretrained``) allows the types mmengine's checkpoints hold; in ``before_run`` (datasets built, no
-    weights loaded yet) the checkpoint the run will load is read (:func:`read_checkpoint`) and must fit
-    the model: exactly for ``resume`` and testing, up to :data:`FINE_TUNE_KEYS` (logged) for ``load_from``
-    in training, anything with ``partial_load=True`` (``--partial-load``: mmengine loads what fits)."""
+    """In ``before_run`` (datasets built, no weights loaded yet) the checkpoint the run will load is read
+    (:func:`read_checkpoint`) and must fit the model: exactly for ``resume`` and testing, up to
+    :data:`FINE_TUNE_KEYS` (logged) for ``load_from`` in training, anything with ``partial_load=True``
+    (``--partial-load``: mmengine loads what fits). ``resume`` with no checkpoint in the work dir says so
+    in one line and starts from scratch, as mmengine does."""
 
     priority = 'VERY_HIGH'
 
     def before_run(self, runner) -> None:
-        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local_safely, force=True)
         path, resume = runner._load_from, bool(runner._resume)
         if resume and path is None:
             found = latest_usable_checkpoint(runner.work_dir)
             if found is None:
+                runner.logger.warning(f'aa_det: resume: no checkpoint in {runner.work_dir} to resume from; '
+                                      'training starts from scratch')
                 return
             path, checkpoint, note = found
             runner._load_from = path  # what load_or_resume resumes from
@@ -167,5 +169,59 @@ class CheckpointCheckHook(Hook):
             print_log(f'aa_det: load_from {path}: {len(differ)} classification-layer keys do not fit and keep '
                       f'their initialisation (first: {differ[0]})', logger='current', level=30)
 
-    def after_run(self, runner) -> None:
-        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+
+#: the key that marks a ``HistoryBuffer`` written as plain data by :func:`to_safe_types`
+HISTORY_BUFFER = '__mmengine_history_buffer__'
+
+
+def to_safe_types(value):
+    """``value`` with what torch's safe loading refuses written as what it reads: mmengine's
+    ``HistoryBuffer`` as a marked dict of its histories (tensors) and ``max_length``, numpy arrays as
+    lists, numpy scalars as Python numbers; dicts, lists and tuples recursively, anything else as it is.
+
+    Examples:
+        >>> safe = to_safe_types({'loss': HistoryBuffer([0.5, 0.25], [1, 1]), 'lr': np.float64(0.01)})
+        >>> safe['lr'], safe['loss']['log_history'].tolist()
+        (0.01, [0.5, 0.25])
+        >>> from_safe_types(safe)['loss'].mean()
+        0.375
+    """
+    if isinstance(value, HistoryBuffer):
+        return {HISTORY_BUFFER: True, 'log_history': torch.from_numpy(np.array(value._log_history, dtype=float)),
+                'count_history': torch.from_numpy(np.array(value._count_history, dtype=float)),
+                'max_length': value.max_length}
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    if isinstance(value, dict):
+        return type(value)((key, to_safe_types(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(to_safe_types(item) for item in value)
+    return value
+
+
+def from_safe_types(value):
+    """The ``HistoryBuffer`` objects that :func:`to_safe_types` wrote, rebuilt; anything else as it is."""
+    if isinstance(value, dict) and value.get(HISTORY_BUFFER):
+        return HistoryBuffer(value['log_history'].numpy(), value['count_history'].numpy(), value['max_length'])
+    if isinstance(value, dict):
+        return type(value)((key, from_safe_types(item)) for key, item in value.items())
+    return value
+
+
+@HOOKS.register_module()
+class SafeCheckpointHook(Hook):
+    """The Runner's checkpoints written with torch's safe types only (:func:`to_safe_types` on everything but
+    the model's ``state_dict``), so that ``torch.load(weights_only=True)`` reads them, and therefore every
+    mmdet and mmengine entry point on torch >= 2.6; on resume, the ``MessageHub``'s histories read back.
+    Last of the hooks (``VERY_LOW``), after the others have added to the checkpoint."""
+
+    priority = 'VERY_LOW'
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        for key, value in checkpoint.items():
+            if key != 'state_dict':  # an OrderedDict with _metadata, tensors only
+                checkpoint[key] = to_safe_types(value)
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if isinstance(checkpoint.get('message_hub'), dict):
+            checkpoint['message_hub'] = from_safe_types(checkpoint['message_hub'])

@@ -4,12 +4,14 @@ from types import SimpleNamespace
 from typing import List, Optional, Tuple
 
 import torch
+from mmdet.datasets import BaseDetDataset
 from mmdet.engine.hooks import CheckInvalidLossHook, NumClassCheckHook
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import BaseLoop
 
+from ..datasets.checked_coco import CheckedCocoDataset, check_images
 from ..utils.compat import module_ints_constant
 from ..utils.errors import ConfigError
 
@@ -48,7 +50,7 @@ class StopOnNonFiniteLoss(CheckInvalidLossHook):
 
 
 @HOOKS.register_module()
-class NumClassesCheckHook(NumClassCheckHook):
+class EarlyNumClassCheckHook(NumClassCheckHook):
     """mmdet's ``NumClassCheckHook`` (each head's ``num_classes`` against the dataset's classes) with one
     :class:`ConfigError` line, also in ``before_run`` (weights not loaded yet) for every dataset of the run:
     mmdet's checks validation data only when validation starts, after training, and never test data."""
@@ -69,6 +71,34 @@ class NumClassesCheckHook(NumClassCheckHook):
         if isinstance(runner._test_loop, BaseLoop):  # mmdet's check reads the validation loader: given the test one
             view = SimpleNamespace(model=runner.model, logger=runner.logger, val_dataloader=runner.test_dataloader)
             self._check_head(view, 'val', split='test')
+
+
+def _leaf_datasets(dataset):
+    """The datasets inside mmengine's and mmdet's wrappers (``datasets``, ``dataset``)."""
+    inner = getattr(dataset, 'datasets', None) or ([dataset.dataset] if hasattr(dataset, 'dataset') else None)
+    if not inner:
+        yield dataset
+        return
+    for each in inner:
+        yield from _leaf_datasets(each)
+
+
+@HOOKS.register_module()
+class DatasetCheckHook(Hook):
+    """:class:`~aa_det.datasets.CheckedCocoDataset`'s image checks (every image exists; its header parses and
+    gives the annotation file's size) for the datasets of other types, e.g. mmdet's ``CocoDataset`` in a
+    user's own config, in ``before_run`` (datasets built, nothing trained): one :class:`ConfigError` line
+    for the first problem."""
+
+    def before_run(self, runner) -> None:
+        for loop in (runner._train_loop, runner._val_loop, runner._test_loop):
+            if not isinstance(loop, BaseLoop):  # the loops Runner.train / val / test built for this run
+                continue
+            for dataset in _leaf_datasets(loop.dataloader.dataset):
+                if isinstance(dataset, BaseDetDataset) and not isinstance(dataset, CheckedCocoDataset) \
+                        and dataset.backend_args is None:
+                    dataset.full_init()
+                    check_images(dataset.data_list, dataset.ann_file)
 
 
 def _finite(output) -> bool:

@@ -14,7 +14,6 @@ Example:
     torch.bfloat16
 """
 import functools
-from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
@@ -41,18 +40,6 @@ def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     if device_type == 'cuda':
         return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
     return None
-
-
-def safe_globals(globals_list: list):
-    """A context in which ``torch.load(weights_only=True)`` also accepts ``globals_list``
-    (classes, functions, and ``(function, pickled name)`` pairs).
-
-    ``torch.load`` defaults to ``weights_only=True`` from torch 2.6 on, which also takes the
-    pairs. Before (torch 2.1 - 2.5) mmengine's loads unpickle everything: a null context.
-    """
-    if TORCH_VERSION >= (2, 6):
-        return torch.serialization.safe_globals(globals_list)
-    return nullcontext()
 
 
 def is_capturing_graph() -> bool:

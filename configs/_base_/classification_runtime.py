@@ -7,7 +7,9 @@ default_hooks = dict(
     checkpoint=dict(max_keep_ckpts=3, save_last=True),  # 100-500 epochs: keep the newest three
     # mmdet's CheckInvalidLossHook at every iteration, stopping with one clear line
     check_loss=dict(type='mmdet.StopOnNonFiniteLoss', interval=1),
-    # checkpoints loaded with torch's safe loading; the one a run loads or resumes checked first
-    check_checkpoint=dict(type='mmdet.CheckpointCheckHook'))
+    # the checkpoint a run loads or resumes checked first, one line for a file that does not fit
+    check_checkpoint=dict(type='mmdet.CheckpointCheckHook'),
+    # checkpoints written with torch's safe types: mmpretrain's init_model reads them on torch >= 2.6
+    safe_checkpoint=dict(type='mmdet.SafeCheckpointHook'))
 env_cfg = dict(cudnn_benchmark=True)
 log_processor = dict(by_epoch=True)

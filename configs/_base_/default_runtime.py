@@ -9,8 +9,10 @@ default_hooks = dict(
     # validation / testing end with one clear line on NaN or inf features or predictions
     check_outputs=dict(type='StopOnNonFiniteOutputs'),
     # mmdet's NumClassCheckHook (also the validation set before training, and the test set), one line
-    check_classes=dict(type='NumClassesCheckHook'),
-    # checkpoints loaded with torch's safe loading; the one a run loads or resumes checked first
+    check_classes=dict(type='EarlyNumClassCheckHook'),
+    # the checkpoint a run loads or resumes checked first, one line for a file that does not fit
     check_checkpoint=dict(type='CheckpointCheckHook'),
+    # checkpoints written with torch's safe types: every mmdet / mmengine loader reads them on torch >= 2.6
+    safe_checkpoint=dict(type='SafeCheckpointHook'),
     # a warning when a dense head shares its BatchNorms across FPN levels
     check_head_norms=dict(type='HeadNormCheckHook'))

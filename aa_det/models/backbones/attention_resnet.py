@@ -21,6 +21,7 @@ from mmdet.models.backbones.resnet import BasicBlock, Bottleneck, ResNet
 from mmdet.registry import MODELS
 
 from ..blocks import AttentionBasicBlock, AttentionBottleneck, PlainBasicBlock, PlainBottleneck
+from .unloaded_weights import UnloadedWeights
 
 
 def init_defaults(cls) -> dict:
@@ -134,3 +135,22 @@ class AttentionResNet(ResNet):
         else:
             kwargs['block'] = self.plain_blocks[kwargs['block']]
         return super().make_res_layer(**kwargs)
+
+    def init_weights(self):
+        """mmdet's; the weights it leaves unloaded are checked when training starts (:meth:`train`)."""
+        unloaded = None if self.is_init else UnloadedWeights(self)
+        super().init_weights()
+        if unloaded is not None:
+            unloaded.after_init(self)
+            self._unloaded = unloaded
+
+    def train(self, mode: bool = True):
+        """mmdet's (frozen stages, ``norm_eval``); the first time training starts after ``init_weights``,
+        after any ``load_from`` or ``resume``, frozen weights that nothing loaded are a ``ConfigError`` and
+        weights a ``Pretrained`` checkpoint left at their initialisation a warning
+        (:mod:`.unloaded_weights`)."""
+        super().train(mode)
+        unloaded = getattr(self, '_unloaded', None)
+        if mode and unloaded is not None:
+            self._unloaded = None
+            unloaded.check(self)

@@ -21,7 +21,7 @@ import torch
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.logging import HistoryBuffer, print_log
-from mmengine.model import is_model_wrapper
+from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import BaseLoop
 from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
@@ -153,6 +153,7 @@ class CheckpointCheckHook(Hook):
         if runner.cfg.get('partial_load'):
             return
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = model.module if isinstance(model, BaseTTAModel) else model  # mmengine loads into its module
         fine_tune = isinstance(runner._train_loop, BaseLoop) and not resume  # Runner.train() builds the loop
         state = checkpoint.get('state_dict', checkpoint.get('model', checkpoint))
         state = {re.sub(r'^module\.', '', k): v for k, v in state.items()}  # DataParallel's prefix, as mmengine
@@ -183,7 +184,7 @@ def to_safe_types(value):
         >>> safe = to_safe_types({'loss': HistoryBuffer([0.5, 0.25], [1, 1]), 'lr': np.float64(0.01)})
         >>> safe['lr'], safe['loss']['log_history'].tolist()
         (0.01, [0.5, 0.25])
-        >>> from_safe_types(safe)['loss'].mean()
+        >>> float(from_safe_types(safe)['loss'].mean())
         0.375
     """
     if isinstance(value, HistoryBuffer):

@@ -254,3 +254,18 @@ def test_make_pictures_writes_every_png(tmp_path):
         path = tmp_path / 'img' / picture
         assert path.is_file(), path
         assert path.stat().st_size > 0, path
+
+
+def test_demo_model_parameters_in_the_docs_are_the_models():
+    """docs/detection.md's parameter count of the demo detector (what mmdet's get_flops.py prints) is the
+    built model's."""
+    import aa_det  # noqa: F401
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    with open(osp.join(ROOT, 'docs', 'detection.md'), encoding='utf-8') as f:
+        figure = re.search(r'`get_flops` of the demo model: [\d.]+ GFLOPs at 128x128, ([\d.]+)M parameters', f.read())
+    init_default_scope('mmdet')
+    config = osp.join(ROOT, 'configs', 'retinanet', 'retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
+    model = MODELS.build(Config.fromfile(config).model)
+    assert figure and figure.group(1) == f'{sum(p.numel() for p in model.parameters()) / 1e6:.3f}'

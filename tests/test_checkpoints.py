@@ -211,3 +211,15 @@ def test_validation_stops_on_non_finite_features(tiny_shapes, tmp_path):
                                                    r'backbone features, input 4x3x128x128, first at backbone\)'):
         runner.train()
     assert glob.glob(str(tmp_path / 'epoch_1.pth'))  # the epoch's checkpoint is kept
+
+
+def test_resume_with_nothing_to_resume_says_so_and_trains(tiny_shapes, tmp_path):
+    """``--resume`` in an empty work dir: one WARNING line, then training from scratch, as mmengine does
+    (before: mmengine's INFO ``Auto resumed from the latest checkpoint None.``)."""
+    options = demo_options(tiny_shapes, **{'train_cfg.max_epochs': 1, 'train_dataloader.batch_size': 8})
+    out = run_python([osp.join(ROOT, 'tools', 'train.py'), DEMO, '--resume', '--work-dir', tmp_path / 'work',
+                      '--cfg-options'] + [f'{k}={v}' for k, v in options.items()], env=ENV, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f'WARNING - aa_det: resume: no checkpoint in {tmp_path / "work"} to resume from; training starts from ' \
+           'scratch' in out.stdout
+    assert osp.isfile(tmp_path / 'work' / 'epoch_1.pth')

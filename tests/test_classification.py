@@ -113,6 +113,10 @@ def test_our_train_tool_path_trains_and_tests_with_mmpretrains_metric(shapes, tm
     detector_backbone = MODELS.build(load_config(DET_PRETRAINED).model).backbone
     ckpt = _load_checkpoint_with_prefix('backbone.', str(tmp_path / 'epoch_1.pth'), map_location='cpu')
     assert set(ckpt) == set(detector_backbone.state_dict())
+    from mmpretrain.apis import init_model  # mmpretrain's own API, under torch's safe loading (SafeCheckpointHook)
+    saved = torch.load(tmp_path / 'epoch_1.pth', map_location='cpu', weights_only=True)['state_dict']
+    classifier = init_model(DEMO, str(tmp_path / 'epoch_1.pth'), device='cpu')
+    assert all(torch.equal(v, saved[k]) for k, v in classifier.state_dict().items() if k in saved)
 
 
 def test_wide_resnet_learns_in_mmpretrains_classifier():

@@ -14,6 +14,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import MODELS, DefaultScope
 
+from aa_det.utils.compat import TORCH_VERSION
 from config_runner import load_config
 from data_edits import edit_json
 from demo_config import DEMO, ROOT, demo_options
@@ -164,3 +165,21 @@ def test_our_test_tool_takes_mmdets_show_dir_and_tta(tiny_shapes, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert 'DetTTAModel' in out.stdout + out.stderr
     assert len(glob.glob(str(tmp_path / 'work' / '*' / 'painted' / '*.png'))) == 4
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 6), reason="torch.load's safe loading by default needs torch >= 2.6")
+@pytest.mark.parametrize('tool', ['ours/test.py', 'mmdet/test.py'])
+def test_checkpoint_with_objects_safe_loading_refuses(tool, tiny_shapes, tmp_path):
+    """A foreign checkpoint that pickles a Python object: refused in one line naming the global, with nothing
+    allowed for it."""
+    import argparse
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    ckpt = tmp_path / 'foreign.pth'
+    torch.save({'state_dict': DET_MODELS.build(Config.fromfile(DEMO).model).state_dict(),
+                'meta': {'args': argparse.Namespace(lr=0.1)}}, ckpt)
+    out = run(tool, DEMO, ckpt, '--work-dir', tmp_path / 'work', options=demo_options(tiny_shapes))
+    assert_refused(out, tool, rf'checkpoint file cannot be loaded: {re.escape(str(ckpt))}: it holds Python objects '
+                              r'that safe loading refuses \(GLOBAL argparse.Namespace\); if you trust the file, load it '
+                              r'once and save only its state_dict')

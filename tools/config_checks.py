@@ -161,82 +161,121 @@ def _read_ann_file(path: str, key: str, with_label: bool, num_classes: Optional[
     return images
 
 
-def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'val', 'test')):
-    """Check the mmpretrain classification datasets of the dataloaders of ``splits`` (see the
-    module's docstring); a :class:`ConfigError` names the first problem."""
+def _head_num_classes(cfg: Config) -> Optional[int]:
+    """``model.head.num_classes`` when the config sets it to an int, else None."""
     head = cfg.get('model', {}).get('head')
     num_classes = head.get('num_classes') if isinstance(head, dict) else None
-    num_classes = num_classes if isinstance(num_classes, int) else None
+    return num_classes if isinstance(num_classes, int) else None
+
+
+def _mmpretrain_datasets(cfg: Config, splits: Sequence[str]) -> Iterator[Tuple[dict, str, type]]:
+    """The datasets of mmpretrain's registry in the dataloaders of ``splits``: (dataset config, its
+    config key, its class)."""
     scope = cfg.get('default_scope')
-    layouts = []  # (config key, image folder, class folders) of the folder layouts
     for split in splits:
         loader = cfg.get(f'{split}_dataloader')
         if not loader or 'dataset' not in loader:
             continue
         for dataset, key in leaf_datasets(loader['dataset'], f'{split}_dataloader.dataset'):
             cls = _mmpretrain_class(dataset.get('type'), dataset.get('_scope_', scope))
-            if cls is None:
-                continue
-            root = dataset.get('data_root') or ''
-            if _derives_from(cls, 'CIFAR10'):
-                folder = _join(root, cls.base_folder)
-                if not dataset.get('download', True) and not osp.isdir(folder):
-                    raise ConfigError(f'{key}: no {cls.__name__} at {folder} (unpack the python version, '
-                                      f'{cls.base_folder}.tar.gz, into data_root={root}; download=False)')
-                continue
-            if not _derives_from(cls, 'CustomDataset'):
-                continue
-            prefix = dataset.get('data_prefix') or ''
-            prefix = prefix.get('img_path', '') if isinstance(prefix, dict) else prefix
-            ann_file = dataset.get('ann_file') or ''
-            split_name = dataset.get('split')
-            if split_name and _derives_from(cls, 'ImageNet'):  # as mmpretrain's ImageNet resolves a split
-                prefix = prefix or split_name
-                meta = osp.join('meta', f'{split_name}.txt')
-                if not ann_file and osp.isfile(_join(root, meta)):
-                    ann_file = meta
-            folder = _join(root, prefix) if prefix else root
-            if not folder or not osp.isdir(folder):
-                raise ConfigError(f'{key}: image folder not found: {folder or "(no data_root / data_prefix)"} '
-                                  f'(data_root={root!r}, data_prefix={prefix!r})')
-            with_label = dataset.get('with_label', True) and split_name != 'test'
-            if ann_file:
-                ann_path = _join(root, ann_file)
-                images = [osp.join(folder, image) for image in
-                          _read_ann_file(ann_path, key, with_label, num_classes)]
-                missing = missing_files(images)
-                if missing:
-                    raise ConfigError(f'{key}: {len(missing)} of {len(images)} images listed in {ann_path} are '
-                                      f'missing, first: {missing[0]}')
-                continue
-            if not with_label:
-                continue
-            classes = _class_folders(folder)
-            if not classes:
-                raise ConfigError(f'{key}: no class folders in {folder} (the folder layout: '
-                                  f'{folder}/<class>/<image>; or give an ann_file)')
-            extensions = tuple(e.lower() for e in dataset.get('extensions') or EXTENSIONS)
-            for name in classes:
-                class_folder = osp.join(folder, name)
-                if not any(f.lower().endswith(extensions) for _, _, files in os.walk(class_folder) for f in files):
-                    raise ConfigError(f'{key}: class folder has no images ({", ".join(extensions)}): {class_folder}')
-            named = (dataset.get('metainfo') or {}).get('classes') or getattr(cls, 'METAINFO', {}).get('classes')
-            if isinstance(named, (list, tuple)) and len(named) != len(classes):
-                source = f'{key}.metainfo.classes' if (dataset.get('metainfo') or {}).get('classes') \
-                    else f'{cls.__name__} (its own classes)'
-                raise ConfigError(f'{key}: {folder} has {len(classes)} class folders but {source} names '
-                                  f'{len(named)} classes')
-            layouts.append((key, folder, classes))
-    first_key, first_folder, first = layouts[0] if layouts else (None, None, None)
+            if cls is not None:
+                yield dataset, key, cls
+
+
+def _check_cifar(dataset: dict, key: str, cls: type):
+    """A CIFAR dataset with ``download=False`` has its unpacked folder."""
+    root = dataset.get('data_root') or ''
+    folder = _join(root, cls.base_folder)
+    if not dataset.get('download', True) and not osp.isdir(folder):
+        raise ConfigError(f'{key}: no {cls.__name__} at {folder} (unpack the python version, '
+                          f'{cls.base_folder}.tar.gz, into data_root={root}; download=False)')
+
+
+def _image_folder(dataset: dict, key: str, cls: type) -> Tuple[str, str]:
+    """The image folder of a ``CustomDataset`` (it exists) and its ``ann_file`` under ``data_root``
+    (``''`` for none), as mmpretrain resolves them (an ``ImageNet`` split included)."""
+    root = dataset.get('data_root') or ''
+    prefix = dataset.get('data_prefix') or ''
+    prefix = prefix.get('img_path', '') if isinstance(prefix, dict) else prefix
+    ann_file = dataset.get('ann_file') or ''
+    split_name = dataset.get('split')
+    if split_name and _derives_from(cls, 'ImageNet'):  # as mmpretrain's ImageNet resolves a split
+        prefix = prefix or split_name
+        meta = osp.join('meta', f'{split_name}.txt')
+        if not ann_file and osp.isfile(_join(root, meta)):
+            ann_file = meta
+    folder = _join(root, prefix) if prefix else root
+    if not folder or not osp.isdir(folder):
+        raise ConfigError(f'{key}: image folder not found: {folder or "(no data_root / data_prefix)"} '
+                          f'(data_root={root!r}, data_prefix={prefix!r})')
+    return folder, _join(root, ann_file) if ann_file else ''
+
+
+def _check_ann_file_layout(ann_path: str, folder: str, key: str, with_label: bool, num_classes: Optional[int]):
+    """An annotation file's lines parse, their labels are in range and the images they list exist."""
+    images = [osp.join(folder, image) for image in _read_ann_file(ann_path, key, with_label, num_classes)]
+    missing = missing_files(images)
+    if missing:
+        raise ConfigError(f'{key}: {len(missing)} of {len(images)} images listed in {ann_path} are '
+                          f'missing, first: {missing[0]}')
+
+
+def _check_folder_layout(dataset: dict, key: str, cls: type, folder: str) -> List[str]:
+    """The class folders of ``folder/<class>/<image>``, each with images, as many as the dataset's
+    classes; returns their sorted names (the labels)."""
+    classes = _class_folders(folder)
+    if not classes:
+        raise ConfigError(f'{key}: no class folders in {folder} (the folder layout: '
+                          f'{folder}/<class>/<image>; or give an ann_file)')
+    extensions = tuple(e.lower() for e in dataset.get('extensions') or EXTENSIONS)
+    for name in classes:
+        class_folder = osp.join(folder, name)
+        if not any(f.lower().endswith(extensions) for _, _, files in os.walk(class_folder) for f in files):
+            raise ConfigError(f'{key}: class folder has no images ({", ".join(extensions)}): {class_folder}')
+    named = (dataset.get('metainfo') or {}).get('classes') or getattr(cls, 'METAINFO', {}).get('classes')
+    if isinstance(named, (list, tuple)) and len(named) != len(classes):
+        source = f'{key}.metainfo.classes' if (dataset.get('metainfo') or {}).get('classes') \
+            else f'{cls.__name__} (its own classes)'
+        raise ConfigError(f'{key}: {folder} has {len(classes)} class folders but {source} names '
+                          f'{len(named)} classes')
+    return classes
+
+
+def _check_same_classes(layouts: List[Tuple[str, str, List[str]]], num_classes: Optional[int]):
+    """The folder layouts (config key, image folder, class folders) of every split have the same class
+    folders, as many as ``model.head.num_classes``."""
+    if not layouts:
+        return
+    first_key, first_folder, first = layouts[0]
     for key, folder, classes in layouts[1:]:
         if classes != first:
             differ = sorted(set(classes) ^ set(first))
             raise ConfigError(f'{key}: {folder} has other class folders than {first_key}: {first_folder} '
                               f'({len(classes)} vs {len(first)}; only in one: {", ".join(differ[:5])}'
                               f'{", ..." if len(differ) > 5 else ""}): the labels are the folders\' sorted order')
-    if layouts and num_classes is not None and num_classes != len(first):
+    if num_classes is not None and num_classes != len(first):
         raise ConfigError(f'model.head.num_classes={num_classes} but {first_key}: {first_folder} has '
                           f'{len(first)} class folders')
+
+
+def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'val', 'test')):
+    """Check the mmpretrain classification datasets of the dataloaders of ``splits`` (see the
+    module's docstring); a :class:`ConfigError` names the first problem."""
+    num_classes = _head_num_classes(cfg)
+    layouts = []  # (config key, image folder, class folders) of the folder layouts
+    for dataset, key, cls in _mmpretrain_datasets(cfg, splits):
+        if _derives_from(cls, 'CIFAR10'):
+            _check_cifar(dataset, key, cls)
+            continue
+        if not _derives_from(cls, 'CustomDataset'):
+            continue
+        folder, ann_path = _image_folder(dataset, key, cls)
+        with_label = dataset.get('with_label', True) and dataset.get('split') != 'test'
+        if ann_path:
+            _check_ann_file_layout(ann_path, folder, key, with_label, num_classes)
+        elif with_label:
+            layouts.append((key, folder, _check_folder_layout(dataset, key, cls, folder)))
+    _check_same_classes(layouts, num_classes)
 
 
 def check_run_config(cfg: Config, splits: Sequence[str] = ('train', 'val', 'test')):

@@ -57,6 +57,61 @@ def _prepare_compile(cfg: Config, path: str) -> None:
         cfg.compile = compile_cfg
 
 
+def _read_config(path: str) -> Config:
+    """The config file, or one :class:`ConfigError` line for a missing file or a missing package scope."""
+    if not osp.isfile(path):
+        raise ConfigError(f'config file not found: {path}')
+    try:
+        return Config.fromfile(path)
+    except ModuleNotFoundError as e:  # mmengine: a package scope's base (mmpretrain::) whose package is missing
+        hint = ': pip install mmpretrain==1.2.0 model-index (docs/setup.md)' if 'mmpretrain' in str(e) else ''
+        raise ConfigError(f'{path}: {e}{hint}') from None
+
+
+def _prepare_cpu_distributed(cfg: Config) -> None:
+    """A distributed run without CUDA: SyncBN -> BN (SyncBN runs only on GPUs), gloo, DDP without
+    device ids."""
+    _replace_type(cfg.model, 'SyncBN', 'BN')
+    if cfg.get('env_cfg', {}).get('dist_cfg'):
+        cfg.env_cfg.dist_cfg.backend = 'gloo'
+    if cfg.get('model_wrapper_cfg') is None:
+        # mmengine passes device_ids=[LOCAL_RANK], which DDP rejects for a CPU model;
+        # a config value wins over the Runner's default arguments.
+        cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
+                                     broadcast_buffers=False,
+                                     find_unused_parameters=cfg.get('find_unused_parameters', False))
+
+
+def _prepare_amp(cfg: Config, amp: bool, amp_dtype: Optional[str]) -> None:
+    """``--amp`` / ``--amp-dtype``: ``AmpOptimWrapper`` on CUDA; without CUDA, ``amp`` or an
+    ``AmpOptimWrapper`` in the config becomes ``CPUAmpOptimWrapper`` (no loss scale, no dtype)."""
+    if amp_dtype is not None:
+        if not amp:
+            raise ConfigError(f'--amp-dtype {amp_dtype} needs --amp')
+        if amp_dtype not in ('float16', 'bfloat16'):
+            raise ConfigError(f"--amp-dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
+    if amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        if torch.cuda.is_available():
+            cfg.optim_wrapper.loss_scale = 'dynamic'
+            if amp_dtype is not None:
+                cfg.optim_wrapper.dtype = amp_dtype
+    if not torch.cuda.is_available() and cfg.get('optim_wrapper', {}).get('type') == 'AmpOptimWrapper':
+        for key in ('loss_scale', 'dtype', 'use_fsdp'):
+            cfg.optim_wrapper.pop(key, None)
+        cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+
+
+def _prepare_resume(cfg: Config, resume: str) -> None:
+    """``--resume``: ``'auto'``, the latest checkpoint of the work dir; a path, that file."""
+    if resume == 'auto':
+        cfg.resume, cfg.load_from = True, None
+        return
+    if not osp.isfile(resume):
+        raise ConfigError(f'--resume: checkpoint file not found: {resume}')
+    cfg.resume, cfg.load_from = True, resume
+
+
 def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional[dict] = None,
                 launcher: str = 'none', amp: bool = False, amp_dtype: Optional[str] = None,
                 auto_scale_lr: bool = False,
@@ -83,13 +138,7 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     * ``partial_load``: ``partial_load=True`` in the config: ``load_from`` may load a checkpoint that
       does not fit the model (``aa_det.engine.CheckpointCheckHook``).
     """
-    if not osp.isfile(path):
-        raise ConfigError(f'config file not found: {path}')
-    try:
-        cfg = Config.fromfile(path)
-    except ModuleNotFoundError as e:  # mmengine: a package scope's base (mmpretrain::) whose package is missing
-        hint = ': pip install mmpretrain==1.2.0 model-index (docs/setup.md)' if 'mmpretrain' in str(e) else ''
-        raise ConfigError(f'{path}: {e}{hint}') from None
+    cfg = _read_config(path)
     cfg.launcher = launcher
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
@@ -98,42 +147,16 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
     if launcher != 'none' and not torch.cuda.is_available():
-        _replace_type(cfg.model, 'SyncBN', 'BN')
-        if cfg.get('env_cfg', {}).get('dist_cfg'):
-            cfg.env_cfg.dist_cfg.backend = 'gloo'
-        if cfg.get('model_wrapper_cfg') is None:
-            # mmengine passes device_ids=[LOCAL_RANK], which DDP rejects for a CPU model;
-            # a config value wins over the Runner's default arguments.
-            cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None,
-                                         broadcast_buffers=False,
-                                         find_unused_parameters=cfg.get('find_unused_parameters', False))
-    if amp_dtype is not None:
-        if not amp:
-            raise ConfigError(f'--amp-dtype {amp_dtype} needs --amp')
-        if amp_dtype not in ('float16', 'bfloat16'):
-            raise ConfigError(f"--amp-dtype must be 'float16' or 'bfloat16', not {amp_dtype!r}")
-    if amp:
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        if torch.cuda.is_available():
-            cfg.optim_wrapper.loss_scale = 'dynamic'
-            if amp_dtype is not None:
-                cfg.optim_wrapper.dtype = amp_dtype
-    if not torch.cuda.is_available() and cfg.get('optim_wrapper', {}).get('type') == 'AmpOptimWrapper':
-        for key in ('loss_scale', 'dtype', 'use_fsdp'):
-            cfg.optim_wrapper.pop(key, None)
-        cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+        _prepare_cpu_distributed(cfg)
+    _prepare_amp(cfg, amp, amp_dtype)
     if cfg.get('compile') not in (None, False):  # as mmengine reads it: True or a dict, even empty
         _prepare_compile(cfg, path)
     if auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{path}: --auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
         cfg.auto_scale_lr.enable = True
-    if resume == 'auto':
-        cfg.resume, cfg.load_from = True, None
-    elif resume is not None:
-        if not osp.isfile(resume):
-            raise ConfigError(f'--resume: checkpoint file not found: {resume}')
-        cfg.resume, cfg.load_from = True, resume
+    if resume is not None:
+        _prepare_resume(cfg, resume)
     if partial_load:
         cfg.partial_load = True
     return cfg

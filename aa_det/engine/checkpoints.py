@@ -53,8 +53,11 @@ def read_checkpoint(path: str) -> dict:
     except Exception as e:  # noqa: BLE001  torch raises a different type for every kind of damage
         unsupported = re.search(r'Unsupported global: (GLOBAL \S+)', str(e))
         if unsupported:
-            reason = (f'it holds Python objects that safe loading refuses ({unsupported.group(1)}); '
-                      'if you trust the file, convert it: python tools/convert_checkpoint.py IN OUT')
+            runner_types = re.match(r'GLOBAL (mmengine|numpy|builtins\.getattr)', unsupported.group(1))
+            fix = ('convert it: python tools/convert_checkpoint.py IN OUT' if runner_types  # an mmengine Runner's
+                   else 'load it once and save only its state_dict')
+            reason = f'it holds Python objects that safe loading refuses ({unsupported.group(1)}); if you trust the ' \
+                     f'file, {fix}'
         elif 'zip archive' in str(e) or isinstance(e, EOFError):
             reason = 'it is truncated or damaged (an interrupted copy or save?)'
         else:

@@ -14,6 +14,7 @@ import os.path as osp
 import re
 import zipfile
 import zlib
+from collections import OrderedDict
 from typing import Optional
 
 import numpy as np
@@ -181,7 +182,8 @@ HISTORY_BUFFER = '__mmengine_history_buffer__'
 def to_safe_types(value):
     """``value`` with what torch's safe loading refuses written as what it reads: mmengine's
     ``HistoryBuffer`` as a marked dict of its histories (tensors) and ``max_length``, numpy arrays as
-    lists, numpy scalars as Python numbers; dicts, lists and tuples recursively, anything else as it is.
+    lists, numpy scalars as Python numbers, dict subclasses (``Counter``) as dicts; dicts, lists and tuples
+    recursively, anything else as it is.
 
     Examples:
         >>> safe = to_safe_types({'loss': HistoryBuffer([0.5, 0.25], [1, 1]), 'lr': np.float64(0.01)})
@@ -196,8 +198,9 @@ def to_safe_types(value):
                 'max_length': value.max_length}
     if isinstance(value, (np.ndarray, np.generic)):
         return value.tolist()
-    if isinstance(value, dict):
-        return type(value)((key, to_safe_types(item)) for key, item in value.items())
+    if isinstance(value, dict):  # a Counter (MultiStepLR's milestones) as a dict: torch 2.1 refuses Counter
+        return (OrderedDict if isinstance(value, OrderedDict) else dict)(
+            (key, to_safe_types(item)) for key, item in value.items())
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(to_safe_types(item) for item in value)
     return value

@@ -1,7 +1,9 @@
-"""CPU peak memory of one backbone forward + backward, as a ratio to ResNet-50's.
+"""CPU peak memory of one backbone forward + backward, with ``with_cp`` off and on, as a ratio to ResNet-50's.
 
 Each backbone (the class defaults: AA-ResNet-50, GSA-ResNet-50 with attention in every stage) runs in its own
-process: one fp32 forward + backward (``sum of the outputs' means``) of a 1x3x1024x1024 image, training mode.
+process, once with ``with_cp=False`` (the default) and once with ``with_cp=True`` (every residual block recomputed
+in the backward): one fp32 forward + backward (``sum of the outputs' means``) of a 1x3x1024x1024 image (``--size``),
+training mode. Ratios are to ResNet-50 with the same ``with_cp``.
 The figure is the growth of the peak RSS (``ru_maxrss``) over the step, after the model and input exist: the
 median of ``--repeats`` processes per backbone, as the allocator's threads place blocks differently from run to
 run (by up to 0.6 GiB for one backbone).
@@ -10,6 +12,7 @@ versions can be measured side by side.
 
     .venv/bin/python benchmarks/backbone_memory.py
     .venv/bin/python benchmarks/backbone_memory.py --root /tmp/old --size 512
+    .venv/bin/python benchmarks/backbone_memory.py --size 256 --repeats 1   # a quick check
 """
 import argparse
 import json
@@ -26,7 +29,10 @@ BACKBONES = {
 }
 
 
-def run_case(name, size, root):
+WITH_CP = (False, True)
+
+
+def run_case(name, with_cp, size, root):
     sys.path.insert(0, root)
     import resource
 
@@ -38,7 +44,7 @@ def run_case(name, size, root):
     assert osp.dirname(osp.dirname(osp.abspath(aa_det.__file__))) == osp.abspath(root), aa_det.__file__
     init_default_scope('mmdet')
     torch.manual_seed(0)
-    model = MODELS.build(BACKBONES[name])
+    model = MODELS.build(dict(BACKBONES[name], with_cp=with_cp))
     model.train()  # mmdet's ResNet.train returns None
     x = torch.randn(1, 3, size, size)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -52,22 +58,30 @@ def main():
     parser.add_argument('--root', default=ROOT, help='checkout to import aa_det from')
     parser.add_argument('--repeats', type=int, default=3, help='processes per backbone; the median is reported')
     parser.add_argument('--case', help=argparse.SUPPRESS)
+    parser.add_argument('--with-cp', type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        print(json.dumps(run_case(args.case, args.size, osp.abspath(args.root))))
+        print(json.dumps(run_case(args.case, bool(args.with_cp), args.size, osp.abspath(args.root))))
         return
-    runs = {name: [] for name in BACKBONES}
+    cases = [(name, with_cp) for with_cp in WITH_CP for name in BACKBONES]
+    runs = {case: [] for case in cases}
     for _ in range(args.repeats):  # interleaved, so that a slow drift of the machine touches every backbone alike
-        for name in BACKBONES:
-            out = subprocess.run([sys.executable, __file__, '--case', name, '--size', str(args.size), '--root',
-                                  args.root], check=True, capture_output=True, text=True).stdout
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    peaks = {name: statistics.median(r) for name, r in runs.items()}
-    print(f'fp32 forward + backward, 1x3x{args.size}x{args.size}, peak RSS growth, median of {args.repeats} '
-          f'(min-max) ({args.root}):')
-    for name, peak in peaks.items():
-        print(f'{name:15s} {peak:6.2f} GiB ({min(runs[name]):.2f}-{max(runs[name]):.2f})  '
-              f'{peak / peaks["ResNet-50"]:.2f}x')
+        for name, with_cp in cases:
+            out = subprocess.run([sys.executable, __file__, '--case', name, '--with-cp', str(int(with_cp)),
+                                  '--size', str(args.size), '--root', args.root],
+                                 check=True, capture_output=True, text=True).stdout
+            runs[name, with_cp].append(json.loads(out.strip().splitlines()[-1]))
+    peaks = {case: statistics.median(r) for case, r in runs.items()}
+    print(f'fp32 forward + backward, 1x3x{args.size}x{args.size}, peak RSS growth in GiB, median of {args.repeats} '
+          f'(min-max), ratio to ResNet-50 with the same with_cp ({args.root}):')
+    print(f'| backbone | {" | ".join(f"with_cp={w}" for w in WITH_CP)} |')
+    print(f'|---|{"---|" * len(WITH_CP)}')
+    for name in BACKBONES:
+        cells = []
+        for with_cp in WITH_CP:
+            r, peak = runs[name, with_cp], peaks[name, with_cp]
+            cells.append(f'{peak:.2f} ({min(r):.2f}-{max(r):.2f}), {peak / peaks["ResNet-50", with_cp]:.2f}x')
+        print(f'| {name} | {" | ".join(cells)} |')
 
 
 if __name__ == '__main__':

@@ -103,7 +103,8 @@ def batch(with_gt, with_masks=False):
 
 
 @pytest.mark.parametrize('backbone', list(BACKBONES))
-@pytest.mark.parametrize('detector', list(DETECTORS))
+@pytest.mark.parametrize('detector', [d if d == 'faster_rcnn' else pytest.param(d, marks=pytest.mark.slow)
+                                      for d in DETECTORS])  # the others 10-50 s each: .ci/run runs them
 def test_backbone_trains_and_predicts_in_mmdet_detector(tmp_path, detector, backbone):
     torch.manual_seed(0)
     base, overrides = DETECTORS[detector]

@@ -71,6 +71,7 @@ def test_running_statistics_gap_measures_the_normalised_inputs_mean_and_std():
     assert shift == pytest.approx(6.0, rel=1e-3) and scale == pytest.approx(3.0, rel=1e-3)
 
 
+@pytest.mark.slow  # 15-35 s of training; .ci/run runs it
 def test_train_names_a_shared_batchnorm_head_and_bn_check_measures_both_statistics(tiny_shapes, tmp_path):
     """tools/train.py warns in one line about RetinaHead's shared BatchNorms; the check tool on its
     checkpoint prints the two mAPs and the head's BatchNorms applied once per level."""

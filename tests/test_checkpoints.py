@@ -169,6 +169,7 @@ def test_resume_from_a_nan_checkpoint_stops_before_training(tiny_shapes, aa_ckpt
         build_runner(cfg).train()
 
 
+@pytest.mark.slow  # 30-60 s of training; .ci/run runs it
 def test_auto_resume_falls_back_past_a_truncated_latest_checkpoint(tiny_shapes, tmp_path):
     every_epoch = {'train_cfg.max_epochs': 2, 'default_hooks.checkpoint.interval': 1}
     build_runner(config(tiny_shapes, tmp_path, **every_epoch)).train()

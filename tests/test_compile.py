@@ -64,6 +64,7 @@ def test_aa_layer_compiled_under_autocast_keeps_its_dtype():
     torch.testing.assert_close(out.float(), ref.float(), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow  # 35-75 s of inductor; .ci/run runs it
 def test_aa_layer_compiles_with_inductor_and_dynamic_shapes():
     """Inductor (CPU), ``fullgraph=True``, ``dynamic=True``, training mode: the AA layer's output
     projection stopped inductor at its first size (a saved view whose symbolic strides it could not
@@ -139,6 +140,7 @@ def test_compile_hooks_trace_module_ints_as_constants(kind, hook):
     assert not [name for name, value in inputs if name.startswith('l_self') and isinstance(value, torch.SymInt)]
 
 
+@pytest.mark.slow  # 10-20 s; .ci/run runs it
 def test_with_cp_backbone_compiles_with_graph_breaks_and_right_statistics():
     """A backbone with ``with_cp=True`` under ``torch.compile``: its checkpointed blocks run eagerly
     between graphs, with the same gradients and BatchNorm statistics as eager without ``with_cp``

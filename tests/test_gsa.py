@@ -4,7 +4,6 @@ import torch
 
 from aa_det.models.layers import GlobalSelfAttention2d
 
-from attention_inputs import saved_numel
 from kernel_references import gsa_qkv, gsa_reference
 
 
@@ -115,15 +114,37 @@ def test_gsa_backward_with_batch_one_and_degenerate_views(heads, size):
     assert torch.isfinite(x.grad).all() and gsa.rel_col.grad is not None and gsa.rel_row.grad is not None
 
 
-def test_gsa_keeps_only_its_input_and_updates_statistics_once():
-    """In training the layer recomputes itself in the backward: it keeps no map beyond its input (without the
-    recomputation it keeps five of its width), and ``norm_col``'s running statistics move once per step, as in a
-    forward that records no graph."""
+def test_gsa_is_evaluated_once_per_training_step(monkeypatch):
+    """Without a block's ``with_cp`` the layer is computed once per training step: its backward recomputes
+    nothing of the layer (``with_cp``, tests/test_backbones.py, is the one memory-for-time trade)."""
+    calls = []
+    attention = GlobalSelfAttention2d.attention
+    monkeypatch.setattr(GlobalSelfAttention2d, 'attention', lambda self, x: calls.append(x.shape) or attention(self, x))
+    gsa = GlobalSelfAttention2d(16, 16, num_heads=4).train()
+    x = torch.randn(2, 16, 9, 7, requires_grad=True)
+    out = gsa(x)
+    assert len(calls) == 1
+    out.square().sum().backward()
+    assert len(calls) == 1 and x.grad is not None and gsa.rel_col.grad is not None
+
+
+def test_gsa_keeps_the_papers_maps_not_the_logits_and_updates_statistics_once():
+    """In training the layer keeps what its backward needs, maps of its width (``x``, ``q``, ``softmax(K)``, ``v``,
+    the content product's operands, the column and BatchNorm outputs; 11.3x the input counting each op's own
+    reference), never the axial logits (``B Nh W H^2`` per axis, here 20x the input, which the chunked kernel
+    recomputes one chunk at a time); ``norm_col``'s running statistics move once per step, as in a forward that
+    records no graph."""
     torch.manual_seed(0)
     gsa = GlobalSelfAttention2d(16, 16, num_heads=4).train()
-    x = torch.randn(2, 16, 12, 10, requires_grad=True)
-    numel, out = saved_numel(gsa, x)
-    assert numel <= x.numel(), numel
+    B, C, H, W = 2, 16, 80, 10
+    x = torch.randn(B, C, H, W, requires_grad=True)
+    params = {p.data_ptr() for p in gsa.parameters()}
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = gsa(x)
+    saved = [t.numel() for t in saved if t.data_ptr() not in params]
+    assert B * gsa.num_heads * W * H * H == 20 * x.numel()  # one axis' logits
+    assert max(saved) <= x.numel() and sum(saved) <= 12 * x.numel(), (max(saved), sum(saved) / x.numel())
     out.square().sum().backward()
     with torch.no_grad():
         reference = GlobalSelfAttention2d(16, 16, num_heads=4).train()

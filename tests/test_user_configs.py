@@ -187,6 +187,7 @@ def test_pretrained_snippet_loads_every_weight(base, tiny_shapes, tmp_path):
     assert out.returncode == 0 and 'aa_det' not in stderr, stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_resnet_checkpoint_in_aa_resnet_names_what_it_left(tiny_shapes, tmp_path):
     """A ResNet-50 checkpoint in AA-ResNet-50 (mmdet's config, type changed): a warning names the attention
     weights; stem and stage 1 load, so frozen_stages=1 and norm_eval train what the config says."""

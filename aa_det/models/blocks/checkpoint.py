@@ -23,18 +23,36 @@ Example:
     1
 """
 import functools
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch._dynamo
 import torch.nn as nn
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck
 from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-from ..layers.gsa import running_stats_frozen
-
 __all__ = ['BlockCheckpoint', 'PlainBasicBlock', 'PlainBottleneck', 'running_stats_frozen']
+
+
+@contextmanager
+def running_stats_frozen(module: nn.Module):
+    """Within the context the BatchNorm layers of ``module`` that are training normalise by the
+    batch's statistics as before and leave their running ones as they are: momentum 0 (running
+    ``(1 - 0) * old + 0 * batch``, exactly ``old``) and no ``num_batches_tracked`` to count in.
+    They still pass their running buffers, so they save the same tensors for the backward as in
+    the forward (which torch's non-reentrant checkpoint checks). Layers in eval mode
+    (``norm_eval``, frozen stages) update nothing anyway."""
+    layers = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    saved = [(m.momentum, m.num_batches_tracked) for m in layers]
+    for m in layers:
+        m.momentum, m.num_batches_tracked = 0.0, None
+    try:
+        yield
+    finally:
+        for m, (momentum, count) in zip(layers, saved):
+            m.momentum, m.num_batches_tracked = momentum, count
 
 
 def _contexts(module: nn.Module):

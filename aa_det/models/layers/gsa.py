@@ -14,7 +14,7 @@ Example:
     torch.Size([2, 64, 5, 7])
 """
 import numbers
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Optional, Sequence
 
 import torch
@@ -24,14 +24,12 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import checkpoint
 
 from ...utils.compat import autocast_dtype, is_capturing_graph
 from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'compute_dtype',
-           'GSA_COMPONENTS', 'AXIAL_SCALES', 'running_stats_frozen']
+           'GSA_COMPONENTS', 'AXIAL_SCALES']
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
@@ -50,25 +48,6 @@ def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
         return torch.float32
     return torch.bfloat16
-
-
-@contextmanager
-def running_stats_frozen(module: nn.Module):
-    """Within the context the BatchNorm layers of ``module`` that are training normalise by the
-    batch's statistics as before and leave their running ones as they are: momentum 0 (running
-    ``(1 - 0) * old + 0 * batch``, exactly ``old``) and no ``num_batches_tracked`` to count in.
-    They still pass their running buffers, so they save the same tensors for the backward as in
-    the forward (which torch's non-reentrant checkpoint checks). Layers in eval mode
-    (``norm_eval``, frozen stages) update nothing anyway."""
-    layers = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
-    saved = [(m.momentum, m.num_batches_tracked) for m in layers]
-    for m in layers:
-        m.momentum, m.num_batches_tracked = 0.0, None
-    try:
-        yield
-    finally:
-        for m, (momentum, count) in zip(layers, saved):
-            m.momentum, m.num_batches_tracked = momentum, count
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -99,7 +78,9 @@ class _ChunkedColumns(torch.autograd.Function):
     """:func:`_columns` per chunk of ``step`` columns. The forward keeps no logits; the backward recomputes each
     chunk under autograd and takes its gradients, so both passes hold one chunk of logits. Outputs and gradients
     are written into whole tensors: no small tensor outlives its chunk, where it would fragment the CPU allocator's
-    heap."""
+    heap. This is the kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh`` times the
+    layer's maps, are never kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x higher
+    keeping them at 512x512 for no measurable step time (docs/design.md, "Axial kernel")."""
 
     @staticmethod
     def forward(ctx, q, v, emb, step):
@@ -235,11 +216,6 @@ class GlobalSelfAttention2d(BaseModule):
         super().init_weights()
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
-    def recompute_contexts(self):
-        """``context_fn`` of the layer's checkpoint: the forward as it is, the recomputation with ``norm_col``'s
-        running statistics frozen (updated once per step)."""
-        return nullcontext(), running_stats_frozen(self)
-
     def attention(self, x: Tensor) -> Tensor:
         """Content plus positional attention of ``x`` ``[B, C, H, W]``, before the stride's pool:
         ``[B, out_channels, H, W]``."""
@@ -269,9 +245,6 @@ class GlobalSelfAttention2d(BaseModule):
         return out.reshape(B, self.out_channels, H, W)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.training and torch.is_grad_enabled() and not is_capturing_graph():
-            # the backward recomputes the layer from x: it keeps none of its own maps (docs/design.md)
-            out = checkpoint(self.attention, x, use_reentrant=False, context_fn=self.recompute_contexts)
-        else:
-            out = self.attention(x)
+        # no recomputation of its own: the block's with_cp decides (docs/design.md, "GSA: the module ...")
+        out = self.attention(x)
         return F.avg_pool2d(out, 2, 2, ceil_mode=True) if self.stride == 2 else out

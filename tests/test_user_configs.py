@@ -165,15 +165,14 @@ def test_one_line_swap_with_a_whole_detector_load_from_trains(tiny_shapes, tmp_p
 
 
 def fake_imagenet_checkpoint(path, backbone: dict, prefix: str = ''):
-    """A checkpoint of ``backbone`` with every value moved off its initialisation, as a trained one's are."""
+    """A checkpoint of ``backbone``'s keys and shapes (freshly initialised values: what a load fills is told by
+    the keys it brings, not by the values)."""
     from mmdet.registry import MODELS
     import aa_det  # noqa: F401
-    gen = torch.Generator().manual_seed(0)
-    state = MODELS.build(backbone).state_dict()
-    state = {prefix + k: v + 0.01 * torch.rand(v.shape, generator=gen) if v.is_floating_point() else v
-             for k, v in state.items()}
+    model = MODELS.build(backbone)
+    model.init_weights()
     os.makedirs(osp.dirname(path), exist_ok=True)
-    torch.save(dict(state_dict=state, meta=dict()), path)
+    torch.save(dict(state_dict={prefix + k: v for k, v in model.state_dict().items()}, meta=dict()), path)
 
 
 @pytest.mark.slow

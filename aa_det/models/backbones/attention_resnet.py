@@ -138,10 +138,9 @@ class AttentionResNet(ResNet):
 
     def init_weights(self):
         """mmdet's; the weights it leaves unloaded are checked when training starts (:meth:`train`)."""
-        unloaded = None if self.is_init else UnloadedWeights(self)
+        unloaded = None if self.is_init else UnloadedWeights(self)  # watches the loads from now on
         super().init_weights()
         if unloaded is not None:
-            unloaded.after_init(self)
             self._unloaded = unloaded
 
     def train(self, mode: bool = True):

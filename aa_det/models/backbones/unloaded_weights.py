@@ -6,15 +6,16 @@ AA-ResNet-50 leaves every attention weight and the reshaped 3x3 convs at their i
 configs freeze the stem and stage 1 (``frozen_stages=1``) and every BatchNorm (``norm_eval=True``),
 which from scratch freezes random values for the whole run.
 
-:class:`UnloadedWeights` records, when the backbone's ``init_weights`` runs, the tensors that neither
-its initialisation nor its ``Pretrained`` checkpoint changed (:meth:`UnloadedWeights.after_init`), and
-decides when training starts (:meth:`UnloadedWeights.check`, from the backbone's ``train()``: after a
-whole-detector ``load_from`` or ``resume`` has loaded what it loads, before the first iteration):
+:class:`UnloadedWeights` watches every load into the backbone (a ``load_state_dict`` pre-hook: mmengine's
+``Pretrained`` init, ``load_from``, ``resume`` and torch's own ``load_state_dict`` all run it) from the start of
+its ``init_weights``, and decides when training starts (:meth:`UnloadedWeights.check`, from the backbone's
+``train()``: after a whole-detector ``load_from`` or ``resume`` has loaded what it loads, before the first
+iteration):
 
-* a frozen tensor (``frozen_stages``, ``norm_eval``) that nothing loaded is a :class:`ConfigError`: it
-  can never train, so the run would be wrong to its end;
-* a tensor that a ``Pretrained`` checkpoint left at its initialisation is a warning naming how many
-  and which: it trains from scratch, which may be meant (ImageNet convs, new attention).
+* a frozen tensor (``frozen_stages``, ``norm_eval``, ``norm_cfg.requires_grad=False``) that nothing loaded is a
+  :class:`ConfigError`: it can never train, so the run would be wrong to its end;
+* a tensor that a ``Pretrained`` checkpoint did not hold (with its shape) is a warning naming how many and
+  which: it trains from scratch, which may be meant (ImageNet convs, new attention).
 """
 import re
 from collections import Counter
@@ -46,55 +47,46 @@ def summary(names: List[str], limit: int = 4) -> str:
 
 
 class UnloadedWeights:
-    """The tensors of one backbone that nothing loaded since ``init_weights``; see the module's docstring.
+    """The parameters and BatchNorm statistics of one backbone that no load has filled since ``init_weights``
+    began; see the module's docstring.
 
     Args:
-        backbone (nn.Module): an mmdet ``ResNet`` (``frozen_stages``, ``norm_eval``, ``init_cfg``).
+        backbone (nn.Module): an mmdet ``ResNet`` (``frozen_stages``, ``norm_eval``, ``norm_cfg``, ``init_cfg``).
     """
 
     def __init__(self, backbone: nn.Module) -> None:
         self.name = type(backbone).__name__
         self.checkpoints = _pretrained_checkpoints(backbone.init_cfg)
-        self.before: Optional[Dict[str, torch.Tensor]] = None
-        if self.checkpoints:  # what the checkpoint changes is told by comparing
-            self.before = {k: v.detach().clone() for k, v in backbone.state_dict().items()}
-        self.frozen: Dict[str, torch.Tensor] = {}
-        self.pretrained: Dict[str, torch.Tensor] = {}
-        self.numel = sum(p.numel() for p in backbone.parameters())
+        self.shapes = {k: v.shape for k, v in backbone.state_dict().items()}
+        self.loaded = set()
+        self.handle = backbone._register_load_state_dict_pre_hook(self.record)
 
-    def after_init(self, backbone: nn.Module) -> None:
-        """Record the parameters and BatchNorm statistics that ``init_weights`` left unloaded, with their
-        values (other buffers, e.g. index tables, are the same in every checkpoint: not telling)."""
+    def record(self, state_dict, prefix, *args) -> None:
+        """``load_state_dict`` pre-hook of the backbone: the keys the incoming state holds with their shape."""
+        self.loaded.update(k for k, shape in self.shapes.items()
+                           if prefix + k in state_dict and getattr(state_dict[prefix + k], 'shape', None) == shape)
+
+    def unloaded(self, backbone: nn.Module):
+        """``(frozen, trainable)``: the names of the parameters and BatchNorm statistics nothing loaded, those a
+        run keeps as they are and the others."""
         params = dict(backbone.named_parameters())
-        stats = {f'{name}.{key}' for name, m in backbone.named_modules() if isinstance(m, _BatchNorm)
-                 for key in ('running_mean', 'running_var')}
-        state = {k: v.detach() for k, v in backbone.state_dict().items() if k in params or k in stats}
-        if self.before is None:
-            unloaded = list(state)
-        else:
-            unloaded = [k for k, v in state.items() if torch.equal(self.before[k], v)]
-        self.before = None
-        bn_keys = {f'{name}.{key}' for name, m in backbone.named_modules() if isinstance(m, _BatchNorm)
-                   for key in ('weight', 'bias', 'running_mean', 'running_var')}
-        frozen = {k for k in unloaded if (k in params and not params[k].requires_grad)
-                  or (backbone.norm_eval and k in bn_keys)}
-        self.frozen = {k: state[k].clone() for k in unloaded if k in frozen}
-        if self.checkpoints:
-            self.pretrained = {k: state[k].clone() for k in unloaded if k not in frozen and k in params}
+        norms = [(name, m) for name, m in backbone.named_modules() if isinstance(m, _BatchNorm)]
+        stats = {f'{name}.{key}' for name, m in norms for key in ('running_mean', 'running_var')}
+        norm_keys = stats | {f'{name}.{key}' for name, m in norms for key in ('weight', 'bias')}
+        unloaded = [k for k in self.shapes if (k in params or k in stats) and k not in self.loaded]
+        frozen = [k for k in unloaded if (k in params and not params[k].requires_grad)
+                  or (backbone.norm_eval and k in norm_keys)]
+        return frozen, [k for k in unloaded if k in params and k not in frozen]
 
     def check(self, backbone: nn.Module) -> None:
-        """At the first ``train()`` after :meth:`after_init`: refuse frozen tensors still unloaded, warn
-        of trainable ones a ``Pretrained`` checkpoint left; then forget them."""
-        state = backbone.state_dict()
-
-        def still(recorded):
-            return [k for k, v in recorded.items() if torch.equal(state[k].detach().to(v.device), v)]
-
-        frozen, pretrained = still(self.frozen), still(self.pretrained)
-        self.frozen, self.pretrained = {}, {}
+        """At the first ``train()`` after ``init_weights``: refuse frozen tensors nothing loaded, warn of
+        trainable ones a ``Pretrained`` checkpoint did not hold; then stop watching."""
+        self.handle.remove()
+        frozen, trainable = self.unloaded(backbone)
+        pretrained = trainable if self.checkpoints else []
+        state, params = backbone.state_dict(), dict(backbone.named_parameters())
         loaded_by = (f'init_cfg Pretrained {self.checkpoints[0]}' if self.checkpoints
                      else 'no init_cfg Pretrained, load_from or resume')
-        params = dict(backbone.named_parameters())
         if frozen:
             count = sum(state[k].numel() for k in frozen if k in params)
             causes = [text for text, on in ((f'frozen_stages={backbone.frozen_stages}', backbone.frozen_stages >= 0),
@@ -111,6 +103,7 @@ class UnloadedWeights:
             count = sum(state[k].numel() for k in pretrained if k in params)
             print_log(
                 f'aa_det: model.backbone ({self.name}): {loaded_by} left {len(pretrained)} tensors '
-                f'({count / 1e6:.2f}M of {self.numel / 1e6:.2f}M parameters) at their initialisation, to be '
+                f'({count / 1e6:.2f}M of {sum(p.numel() for p in params.values()) / 1e6:.2f}M parameters) at their '
+                'initialisation, to be '
                 f'trained from scratch: {summary(pretrained)} (a checkpoint of another architecture, e.g. a '
                 "ResNet's? docs/detection.md, \"Swapping into your own config\")", logger='current', level=30)

@@ -171,6 +171,28 @@ def test_readme_ratios_are_the_benchmark_files():
     assert 'plot_ratios.py' in open(osp.join(ROOT, 'tools', 'make_pictures.sh')).read()
 
 
+def test_readme_and_benchmarks_memory_are_backbone_memory_json():
+    """The README's backbone-memory row and docs/benchmarks.md's table are ``backbone_memory.py``'s file: live peaks
+    and RSS medians as ratios to ResNet-50 with the same ``with_cp``."""
+    data = _data('backbone_memory.json')
+    live, rss = data['live_gib'], {w: {m: statistics.median(r) for m, r in runs.items()}
+                                   for w, runs in data['rss_gib'].items()}
+
+    def ratios(table, model):
+        return ' / '.join(f'{table[w][model] / table[w]["ResNet-50"]:.2f}x' for w in ('False', 'True'))
+    aa, gsa = _row(_lines('README.md'), 'peak memory, backbone forward + backward')[1:3]
+    assert aa == f'{ratios(live, "AA-ResNet-50")}; {ratios(rss, "AA-ResNet-50")}', aa
+    assert gsa == f'every stage: {ratios(live, "GSA-ResNet-50")}; {ratios(rss, "GSA-ResNet-50")}', gsa
+    text = '\n'.join(_lines('docs', 'benchmarks.md'))
+    for model in ('AA-ResNet-50', 'GSA-ResNet-50'):
+        for w in ('False', 'True'):
+            runs = data['rss_gib'][w][model]
+            assert f'{live[w][model]:.2f} ({live[w][model] / live[w]["ResNet-50"]:.2f}x)' in text, (model, w)
+            assert (f'{rss[w][model]:.2f} ({min(runs):.2f}-{max(runs):.2f}, '
+                    f'{rss[w][model] / rss[w]["ResNet-50"]:.2f}x)') in text, (model, w)
+    assert data['commit'] in text and data['commit'] in ' '.join(_lines('README.md'))
+
+
 #: the README's backbone benchmark row: label before each "val / val_2x" pair -> docs/data/backbone_benchmark.json key
 README_BACKBONES = {'ResNet-18': 'ResNet-18', "ResNet-26 of GSA-ResNet-26's shape": 'ResNet-26 (GSA shape)',
                     'AA-ResNet-18': 'AA-ResNet-18', 'GSA-ResNet-26, stages 3-4': 'GSA-ResNet-26',

@@ -23,6 +23,7 @@ setup(
     packages=find_packages(include=['aa_det', 'aa_det.*']),
     python_requires='>=3.9',
     install_requires=parse_requirements('requirements/runtime.txt'),
-    extras_require={'tests': ['pytest', 'onnx', 'onnxruntime', 'onnxscript',  # exports checked in onnxruntime
+    extras_require={'tests': ['pytest', 'pytest-xdist',  # tools/test.sh runs two workers
+                              'onnx', 'onnxruntime', 'onnxscript',  # exports checked in onnxruntime
                               'scikit-image']},  # its photographs: benchmarks/backbone_benchmark.py
 )

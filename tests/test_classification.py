@@ -81,6 +81,7 @@ def mmpretrain_ckpt(shapes, tmp_path_factory):
     return work / 'epoch_1.pth'
 
 
+@pytest.mark.slow
 def test_mmpretrain_train_script_checkpoint_initialises_the_detector(mmpretrain_ckpt, tiny_shapes):
     """The demo detector's pretrained config, through the tools' build_runner, loads every
     ``backbone.*`` key and value of the checkpoint mmpretrain's train script wrote, none missing

@@ -293,6 +293,7 @@ def test_syncbn_configs_load_runnable_without_gpus(launcher):
         assert cfg.env_cfg.dist_cfg.backend == 'gloo' and cfg.model_wrapper_cfg.device_ids is None
 
 
+@pytest.mark.slow
 def test_mmdet_own_train_entry_runs_our_config(data, tmp_path):
     """mmdet's own tools/train.py (the one in mmdet's wheel) trains and evaluates the demo config in a fresh
     process, SyncBN included, on a validation file without ``info`` (the config's LenientCocoMetric), then
@@ -407,6 +408,7 @@ def test_image_that_fails_to_decode_names_the_file(tmp_path):
         build_runner(cfg).train()
 
 
+@pytest.mark.slow
 def test_demo_says_when_nothing_was_detected(tmp_path):
     """A detector that predicts no box (here: every score under ``score_thr``) ends the demo with one line,
     where mmdet's CocoMetric returns no metric (it was ``KeyError: 'coco/bbox_mAP'``)."""

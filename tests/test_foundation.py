@@ -69,6 +69,7 @@ def test_subpackages_import_in_one_direction():
     assert not problems, problems
 
 
+@pytest.mark.slow
 def test_each_subpackage_imports_alone_in_a_fresh_interpreter():
     """Each subpackage imported first in an interpreter of its own (the interpreters run side by side)."""
     procs = {package: subprocess.Popen([sys.executable, '-c', f'import aa_det.{package}'], stdout=subprocess.PIPE,
@@ -161,6 +162,7 @@ def test_runner_checkpoints_load_safely_and_resume(tmp_path):
     assert resumed.iter == 8 and len(losses) == 4 and len(history) == 8 and history[:4] == losses
 
 
+@pytest.mark.slow
 def test_import_changes_no_other_library():
     """``import aa_det`` registers modules and leaves mmengine's checkpoint loading as it was."""
     code = ('from mmengine.runner.checkpoint import CheckpointLoader as C, load_from_local as f\n'

@@ -254,7 +254,7 @@ with open(os.environ['FAKE_PIP_LOG'], 'a') as f:
 """
 
 
-@pytest.mark.parametrize('flavor', ['cpu', 'cuda'])
+@pytest.mark.parametrize('flavor', ['cpu', pytest.param('cuda', marks=pytest.mark.slow)])
 def test_whole_setup_with_a_fake_pip(sandbox, flavor):
     """The slow path end to end, pip faked: build environment per flavour, cache dir, stamp."""
     import json

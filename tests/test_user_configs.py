@@ -101,6 +101,7 @@ def backbone_norms_trained(checkpoint: dict) -> bool:
     return bool(tracked) and min(tracked.values()) > 0
 
 
+@pytest.mark.slow
 def test_scratch_snippet_trains_every_layer_and_its_checkpoint_loads_everywhere(tiny_shapes, tmp_path):
     """The README's from-scratch snippet on mmdet's RetinaNet config; its checkpoint through mmdet's
     inference APIs, mmdet's tools/test.py and --resume."""

@@ -110,5 +110,6 @@ def main():
                            rss_gib={str(w): {name: rss[name, w] for name in BACKBONES} for w in WITH_CP}),
                       f, indent=1)
 
+
 if __name__ == '__main__':
     main()

@@ -63,24 +63,36 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.einsum('bnkv,bnkxy->bnvxy', context, q)
 
 
+def _column_layout(q: Tensor, v: Tensor):
+    """The columns of ``q`` ``[B, Nh, dkh, H, w]`` as ``[H (x), G, dkh]`` and of ``v`` ``[B, Nh, dvh, H, w]`` as
+    ``[G, dvh, H (i)]``, ``G = B * Nh * w`` columns: the operands of :func:`_columns`' two batched GEMMs."""
+    H = q.shape[3]
+    qc = q.permute(3, 0, 1, 4, 2).reshape(H, -1, q.shape[2])  # [H (x), G, dkh]
+    vc = v.permute(0, 1, 4, 2, 3).reshape(qc.shape[1], -1, H)  # [G, dvh, H (i)]
+    return qc, vc
+
+
+def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
+    """Columns ``[G, d, H]`` as maps ``[B, Nh, d, H, w]``, ``B, Nh, H, w`` those of ``like``."""
+    B, Nh, _, H, w = like.shape
+    return cols.view(B, Nh, w, -1, H).permute(0, 1, 3, 4, 2)
+
+
 def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
     """Column attention of the columns of ``q`` ``[B, Nh, dkh, H, w]`` and ``v`` ``[B, Nh, dvh, H, w]`` with ``emb``
     ``[H (x), H (i), dkh]``: ``[B, Nh, dvh, H, w]``."""
-    B, Nh, dk, H, w = q.shape
-    qc = q.permute(3, 0, 1, 4, 2).reshape(H, -1, dk)  # [H (x), G, dkh], G = B * Nh * w columns
-    vc = v.permute(0, 1, 4, 2, 3).reshape(qc.shape[1], -1, H)  # [G, dvh, H (i)]
+    qc, vc = _column_layout(q, v)
     logits = torch.bmm(qc, emb.to(q.dtype).transpose(1, 2))  # [H (x), G, H (i)]: q[x] . R[i - x]
-    out = torch.bmm(vc, logits.permute(1, 2, 0))  # [G, dvh, H (x)]
-    return out.view(B, Nh, w, -1, H).permute(0, 1, 3, 4, 2)
+    return _to_maps(torch.bmm(vc, logits.permute(1, 2, 0)), v)  # [G, dvh, H (x)]
 
 
 class _ChunkedColumns(torch.autograd.Function):
     """:func:`_columns` per chunk of ``step`` columns. The forward keeps no logits; the backward recomputes each
-    chunk under autograd and takes its gradients, so both passes hold one chunk of logits. Outputs and gradients
-    are written into whole tensors: no small tensor outlives its chunk, where it would fragment the CPU allocator's
-    heap. This is the kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh`` times the
-    layer's maps, are never kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x higher
-    keeping them at 512x512 for no measurable step time (docs/design.md, "Axial kernel")."""
+    chunk's logits and takes the gradients of its two GEMMs, so both passes hold one chunk of logits. Outputs and
+    gradients are written into whole tensors: no small tensor outlives its chunk, where it would fragment the
+    CPU allocator's heap. This is the kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh``
+    times the layer's maps, are never kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x
+    higher keeping them at 512x512 (docs/design.md, "Axial kernel")."""
 
     @staticmethod
     def forward(ctx, q, v, emb, step):
@@ -94,16 +106,18 @@ class _ChunkedColumns(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, v, emb = ctx.saved_tensors
-        emb = emb.detach().requires_grad_()
+        emb_q = emb.to(q.dtype)  # [H (x), H (i), dkh]
         dq, dv, demb = torch.zeros_like(q), torch.zeros_like(v), torch.zeros_like(emb)
-        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):  # the forward's dtype
+        with torch.autocast(q.device.type, enabled=False):  # the forward's dtype
             for s in range(0, q.shape[-1], ctx.step):
                 sl = slice(s, s + ctx.step)
-                q_s, v_s = q[..., sl].detach().requires_grad_(), v[..., sl].detach().requires_grad_()
-                out = _columns(q_s, v_s, emb)
-                grads = torch.autograd.grad(out, (q_s, v_s, emb), grad_out[..., sl])
-                dq[..., sl], dv[..., sl] = grads[:2]
-                demb += grads[2]  # in the table's dtype
+                qc, vc = _column_layout(q[..., sl], v[..., sl])  # [H (x), G, dkh], [G, dvh, H (i)]
+                grad = _column_layout(q[..., sl], grad_out[..., sl])[1]  # [G, dvh, H (x)]
+                logits = torch.bmm(qc, emb_q.transpose(1, 2))  # [H (x), G, H (i)]
+                grad_logits = torch.bmm(grad.transpose(1, 2), vc).transpose(0, 1)  # [H (x), G, H (i)]
+                dv[..., sl] = _to_maps(torch.bmm(grad, logits.transpose(0, 1)), v[..., sl])  # [G, dvh, H (i)]
+                dq[..., sl] = _to_maps(torch.bmm(grad_logits, emb_q).permute(1, 2, 0), q[..., sl])  # [H, G, dkh]
+                demb += torch.bmm(grad_logits.transpose(1, 2), qc)  # [H (x), H (i), dkh], in the table's dtype
         return dq, dv, demb, None
 
 

@@ -21,9 +21,10 @@ these configs, to time two versions of the layers side by side. ``--profile DIR`
 (``DIR/<model>.txt``: ops by device time, and the number of kernels launched).
 
 Each model runs in its own process so that its peak memory is its own
-(``torch.cuda.max_memory_allocated`` on CUDA, peak RSS growth on the CPU).
+(``torch.cuda.max_memory_allocated`` on CUDA, peak RSS growth on the CPU); ``--repeats N`` runs N processes per
+model, interleaved, and reports each figure's median (``runs`` in ``--json`` holds every one).
 
-    .venv/bin/python benchmarks/detection_speed.py                  # CPU
+    .venv/bin/python benchmarks/detection_speed.py --repeats 3      # CPU: 3 processes per model, medians
     .venv/bin/python benchmarks/detection_speed.py --device cuda --steps 20 --amp   # batch 8
     .venv/bin/python benchmarks/detection_speed.py --device cuda --amp --compile --profile OUT
 """
@@ -186,11 +187,22 @@ def _device_name(device):
     return torch.cuda.get_device_name() if device == 'cuda' else platform.processor() or platform.machine()
 
 
+def _print_row(name, r, base):
+    """One model's line; ratios to ``base`` (ResNet-50's figures), '-' without it."""
+    def ratio(key):
+        return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
+    print(f'{name:<14} {r["params_m"]:6.1f}M | {r["first_s"]:7.1f} {r["train_s"]:10.3f} {ratio("train_s")} '
+          f'{r["train_peak_gib"]:9.2f} {ratio("train_peak_gib")} | {r["backbone_s"]:8.3f} {ratio("backbone_s")} | '
+          f'{r["infer_s"]:8.3f} {ratio("infer_s")}', flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     parser.add_argument('--steps', type=int, default=3, help='timed steps per model (median)')
     parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=1,
+                        help='processes per model, interleaved; the median of each figure is reported')
     parser.add_argument('--batch', type=int, help='training images per step (default: 8 on CUDA, 2 on the CPU)')
     parser.add_argument('--amp', action='store_true', help='fp16 (CUDA) / bf16 (CPU) autocast')
     parser.add_argument('--amp-dtype', default='float16', choices=['float16', 'bfloat16'],
@@ -225,29 +237,27 @@ def main():
           f'RetinaNet+FPN, 80 classes, BN; median of {args.steps} steps after {args.warmup} warm-up')
     print(f'{"backbone":<14} {"params":>7} | {"first s":>7} {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
           f'{"bb f+b s":>8} {"x R50":>6} | {"infer s":>8} {"x R50":>6}')
-    base, results = None, {}
-    for name in args.models:
-        cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
-               '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
-            + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
-            + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
-            + (['--profile', args.profile] if args.profile else []) \
-            + (['--package-root', args.package_root] if args.package_root else [])
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
-            tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'
-            print(f'{name:<14} failed (exit {out.returncode}):\n    {tail}', flush=True)
-            continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        results[name] = r
-        base = r if name == 'ResNet-50' else base
-
-        def ratio(key):  # '-' when ResNet-50 was not measured first
-            return f'{r[key] / base[key]:6.2f}' if base else f'{"-":>6}'
-        print(f'{name:<14} {r["params_m"]:6.1f}M | {r["first_s"]:7.1f} {r["train_s"]:10.3f} {ratio("train_s")} '
-              f'{r["train_peak_gib"]:9.2f} {ratio("train_peak_gib")} | '
-              f'{r["backbone_s"]:8.3f} {ratio("backbone_s")} | '
-              f'{r["infer_s"]:8.3f} {ratio("infer_s")}', flush=True)
+    runs = {name: [] for name in args.models}
+    for _ in range(args.repeats):  # interleaved, so that a drift of the machine touches every model alike
+        for name in args.models:
+            cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
+                   '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
+                + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
+                + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
+                + (['--profile', args.profile] if args.profile else []) \
+                + (['--package-root', args.package_root] if args.package_root else [])
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
+                tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'
+                print(f'{name:<14} failed (exit {out.returncode}):\n    {tail}', flush=True)
+                continue
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            _print_row(name, runs[name][-1], (runs.get('ResNet-50') or [None])[-1])
+    results = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for name, rs in runs.items() if rs}
+    if args.repeats > 1:
+        print(f'median of {args.repeats} runs:')
+        for name, r in results.items():
+            _print_row(name, r, results.get('ResNet-50'))
     if args.json:
         with open(args.json, 'w') as f:
             commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
@@ -255,7 +265,7 @@ def main():
             json.dump(dict(benchmark='detection_speed', commit=commit, torch=_torch_version(),
                            device_name=_device_name(args.device),
                            settings={k: v for k, v in vars(args).items() if k not in ('case', 'json')},
-                           results=results), f, indent=1)
+                           results=results, runs=runs), f, indent=1)
 
 
 if __name__ == '__main__':

@@ -63,13 +63,14 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.einsum('bnkv,bnkxy->bnvxy', context, q)
 
 
-def _column_layout(q: Tensor, v: Tensor):
-    """The columns of ``q`` ``[B, Nh, dkh, H, w]`` as ``[H (x), G, dkh]`` and of ``v`` ``[B, Nh, dvh, H, w]`` as
-    ``[G, dvh, H (i)]``, ``G = B * Nh * w`` columns: the operands of :func:`_columns`' two batched GEMMs."""
-    H = q.shape[3]
-    qc = q.permute(3, 0, 1, 4, 2).reshape(H, -1, q.shape[2])  # [H (x), G, dkh]
-    vc = v.permute(0, 1, 4, 2, 3).reshape(qc.shape[1], -1, H)  # [G, dvh, H (i)]
-    return qc, vc
+def _queries_by_row(q: Tensor) -> Tensor:
+    """The queries ``[B, Nh, dkh, H, w]`` batched over their row: ``[H (x), G, dkh]``, ``G = B * Nh * w`` columns."""
+    return q.permute(3, 0, 1, 4, 2).reshape(q.shape[3], -1, q.shape[2])
+
+
+def _to_columns(maps: Tensor) -> Tensor:
+    """Maps ``[B, Nh, d, H, w]`` as columns ``[G, d, H]``, ``G = B * Nh * w``; :func:`_to_maps` undoes it."""
+    return maps.permute(0, 1, 4, 2, 3).flatten(0, 2)
 
 
 def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
@@ -81,9 +82,8 @@ def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
 def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
     """Column attention of the columns of ``q`` ``[B, Nh, dkh, H, w]`` and ``v`` ``[B, Nh, dvh, H, w]`` with ``emb``
     ``[H (x), H (i), dkh]``: ``[B, Nh, dvh, H, w]``."""
-    qc, vc = _column_layout(q, v)
-    logits = torch.bmm(qc, emb.to(q.dtype).transpose(1, 2))  # [H (x), G, H (i)]: q[x] . R[i - x]
-    return _to_maps(torch.bmm(vc, logits.permute(1, 2, 0)), v)  # [G, dvh, H (x)]
+    logits = torch.bmm(_queries_by_row(q), emb.to(q.dtype).transpose(1, 2))  # [H (x), G, H (i)]: q[x] . R[i - x]
+    return _to_maps(torch.bmm(_to_columns(v), logits.permute(1, 2, 0)), v)  # [G, dvh, H (x)]
 
 
 class _ChunkedColumns(torch.autograd.Function):
@@ -111,8 +111,8 @@ class _ChunkedColumns(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):  # the forward's dtype
             for s in range(0, q.shape[-1], ctx.step):
                 sl = slice(s, s + ctx.step)
-                qc, vc = _column_layout(q[..., sl], v[..., sl])  # [H (x), G, dkh], [G, dvh, H (i)]
-                grad = _column_layout(q[..., sl], grad_out[..., sl])[1]  # [G, dvh, H (x)]
+                qc, vc = _queries_by_row(q[..., sl]), _to_columns(v[..., sl])  # [H (x), G, dkh], [G, dvh, H (i)]
+                grad = _to_columns(grad_out[..., sl])  # [G, dvh, H (x)]
                 logits = torch.bmm(qc, emb_q.transpose(1, 2))  # [H (x), G, H (i)]
                 grad_logits = torch.bmm(grad.transpose(1, 2), vc).transpose(0, 1)  # [H (x), G, H (i)]
                 dv[..., sl] = _to_maps(torch.bmm(grad, logits.transpose(0, 1)), v[..., sl])  # [G, dvh, H (i)]

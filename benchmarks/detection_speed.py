@@ -237,16 +237,16 @@ def main():
           f'RetinaNet+FPN, 80 classes, BN; median of {args.steps} steps after {args.warmup} warm-up')
     print(f'{"backbone":<14} {"params":>7} | {"first s":>7} {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '
           f'{"bb f+b s":>8} {"x R50":>6} | {"infer s":>8} {"x R50":>6}')
+    case_args = ['--device', args.device, '--steps', str(args.steps), '--warmup', str(args.warmup), '--batch',
+                 str(args.batch)] + (['--amp'] if args.amp else []) \
+        + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
+        + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
+        + (['--profile', args.profile] if args.profile else []) \
+        + (['--package-root', args.package_root] if args.package_root else [])
     runs = {name: [] for name in args.models}
     for _ in range(args.repeats):  # interleaved, so that a drift of the machine touches every model alike
         for name in args.models:
-            cmd = [sys.executable, __file__, '--case', name, '--device', args.device, '--steps', str(args.steps),
-                   '--warmup', str(args.warmup), '--batch', str(args.batch)] + (['--amp'] if args.amp else []) \
-                + (['--aa-impl', args.aa_impl] if args.aa_impl else []) + ['--amp-dtype', args.amp_dtype] \
-                + ['--size', str(args.size)] + (['--compile', args.compile] if args.compile else []) \
-                + (['--profile', args.profile] if args.profile else []) \
-                + (['--package-root', args.package_root] if args.package_root else [])
-            out = subprocess.run(cmd, capture_output=True, text=True)
+            out = subprocess.run([sys.executable, __file__, '--case', name] + case_args, capture_output=True, text=True)
             if out.returncode != 0:  # the error's last lines (an inductor error ends in a hint, not the error)
                 tail = '\n    '.join(out.stderr.strip().splitlines()[-25:]) or '?'
                 print(f'{name:<14} failed (exit {out.returncode}):\n    {tail}', flush=True)

@@ -206,6 +206,19 @@ echo "/dev/fake 100000000 96854528 3145728 97% /"
     one_setup_line(out, 'disk space', '8 GiB', '3 GiB free', str(sandbox.venv), 'AA_DET_VENV')
 
 
+def test_pins_of_another_torch_than_the_venv_was_set_up_with_stop_before_pip(sandbox):
+    """A venv set up with this stack's pins, run with another stack's (AA_DET_VENV without its
+    AA_DET_CONSTRAINTS): exit 2 naming the venv, its torch and both files; pip never runs, so its torch stays."""
+    other = sandbox.tmp / 'constraints-other.txt'
+    other.write_text(f'torch==0.0.1\nmmcv=={MMCV_VER}\n')
+    (sandbox.venv / '.aa_det_env').write_text(f'{_key()} cpu -\nwheel=x\nconstraints={CONSTRAINTS}\n')
+    out = sandbox.run(AA_DET_FLAVOR='cpu', AA_DET_CONSTRAINTS=str(other))
+    one_setup_line(out, str(sandbox.venv), 'AA_DET_VENV', f'torch {TORCH_VER}', f'AA_DET_CONSTRAINTS={CONSTRAINTS}',
+                   str(other), 'torch 0.0.1')
+    out = sandbox.run(AA_DET_FLAVOR='cpu', AA_DET_CONSTRAINTS=CONSTRAINTS)   # its own pins: ready at once
+    assert out.returncode == 0 and out.stderr == '', out.stderr
+
+
 def test_cache_dir_and_stamp_carry_flavour_and_arch(sandbox):
     """The cuda wheel cache is per GPU architecture; the venv stamp is per flavour and architecture."""
     release = other_cuda_major()
@@ -274,7 +287,8 @@ def test_whole_setup_with_a_fake_pip(sandbox, flavor):
     assert out.returncode == 0 and 'environment ready' in out.stderr, out.stderr
     wheels = sandbox.cache / 'wheels' / f'mmcv-{MMCV_VER}-torch{TORCH_VER}-{PY_TAG}-{suffix}'
     assert [p.name for p in wheels.iterdir()] == ['mmcv-2.1.0-cp311-cp311-linux_x86_64.whl']
-    assert (sandbox.venv / '.aa_det_env').read_text() == f'{_key()} {flavor} {arch}\nwheel={wheels}\n'
+    assert (sandbox.venv / '.aa_det_env').read_text() == (f'{_key()} {flavor} {arch}\nwheel={wheels}\n'
+                                                          f'constraints={CONSTRAINTS}\n')
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert [c['cmd'] for c in calls] == ['install', 'download', 'wheel', 'install', 'install']
     assert '-q' in calls[0]['args']   # torch already there: a quiet check

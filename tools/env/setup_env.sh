@@ -30,6 +30,8 @@
 # The floor stack (torch 2.1, what `mim install` gives mmdet 3.3 users) in a venv of its own:
 #   AA_DET_CONSTRAINTS=requirements/constraints-torch2.1.txt AA_DET_VENV=.venv-torch2.1 bash tools/env/setup_env.sh
 # The venv's stamp records the same key, so a change of flavour or GPU re-installs the right wheel.
+# It records the constraints file too: pins of another torch than the venv was set up with are refused in
+# one line, so no venv loses its stack to a forgotten AA_DET_CONSTRAINTS.
 # Anything missing that the run needs (venv module, Python.h, a C++17/20 compiler, a matching nvcc)
 # is reported in one line, exit status 2, before anything is downloaded where that can be known.
 set -euo pipefail
@@ -49,7 +51,7 @@ MMCV_VER=$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
 [ -n "$MMCV_VER" ] || die "no 'mmcv==X' pin in $CONSTRAINTS"
 TORCH_PIN=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")   # empty: torch not pinned
 KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/requirements/runtime.txt" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
-STAMP="$VENV/.aa_det_env"   # line 1: "<KEY> <flavour> <arch>"; line 2: "wheel=<cached wheel dir>"
+STAMP="$VENV/.aa_det_env"   # "<KEY> <flavour> <arch>", then "wheel=<cached wheel dir>", "constraints=<file>"
 PY_TAG=                     # set by read_venv
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -224,6 +226,12 @@ if [ "$TORCH_VER" != - ] && { [ -z "$TORCH_PIN" ] || [ "$TORCH_PIN" = "$TORCH_VE
 elif ! ls "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_PIN"*"-$PY_TAG-"*/mmcv-*.whl >/dev/null 2>&1; then
   check_build_tools
 fi
+# A venv set up with other pins (another stack's, e.g. .venv-torch2.1 without its AA_DET_CONSTRAINTS)
+# keeps its torch: installing these pins would replace it, GBs of downloads and that stack gone.
+SET_UP_WITH=$(sed -n 's/^constraints=//p' "$STAMP" 2>/dev/null || true)
+if [ "$TORCH_KEPT" = 0 ] && [ "$TORCH_VER" != - ] && [ -n "$SET_UP_WITH" ] && [ "$SET_UP_WITH" != "$CONSTRAINTS" ]; then
+  die "$VENV (AA_DET_VENV) holds torch $TORCH_VER, set up with $SET_UP_WITH; $CONSTRAINTS (AA_DET_CONSTRAINTS) pins torch $TORCH_PIN and would replace it: to use this venv set AA_DET_CONSTRAINTS=$SET_UP_WITH; for torch $TORCH_PIN set AA_DET_VENV to another folder, or remove $VENV"
+fi
 # torch from PyPI is a CUDA build: about 6 GB in the venv, plus its download while it installs
 if [ "$TORCH_KEPT" = 0 ]; then check_free_disk 8; fi
 
@@ -278,5 +286,5 @@ say "installing mmcv (cached wheel, $FLAVOR), mmengine, mmdet, mmpretrain (with 
 # empty wheel on PyPI; model-index provides the `modelindex` module it imports
 "${PIP[@]}" install "${PIN[@]}" --no-build-isolation -e "$ROOT[tests]"
 "$VENV/bin/python" -c 'import mmcv.ops, mmdet, mmpretrain, aa_det' || { say "import check failed"; exit 1; }
-printf '%s\nwheel=%s\n' "$KEY $FLAVOR $ARCH" "$WHEELS" >"$STAMP"
+printf '%s\nwheel=%s\nconstraints=%s\n' "$KEY $FLAVOR $ARCH" "$WHEELS" "$CONSTRAINTS" >"$STAMP"
 say "environment ready: $VENV ($FLAVOR ops)"

@@ -216,21 +216,20 @@ PIN=(-c "$CONSTRAINTS")
 
 # ---- 2. checks before any download --------------------------------------------------------------
 # If the venv's torch satisfies the pin, the install below keeps it: the mmcv build can be planned
-# and checked now. Otherwise a build is certain when no wheel of this mmcv, torch pin and python is
-# cached in any flavour, so its tools are checked now; the plan follows the torch install.
+# and checked now. A venv set up with other pins (another stack's, e.g. .venv-torch2.1 without its
+# AA_DET_CONSTRAINTS) keeps its torch: these pins would replace it, GBs of downloads and that stack gone.
+# Otherwise a build is certain when no wheel of this mmcv, torch pin and python is cached in any
+# flavour, so its tools are checked now; the plan follows the torch install.
 read_venv
 TORCH_KEPT=0
+SET_UP_WITH=$(sed -n 's/^constraints=//p' "$STAMP" 2>/dev/null || true)
 if [ "$TORCH_VER" != - ] && { [ -z "$TORCH_PIN" ] || [ "$TORCH_PIN" = "$TORCH_VER" ] || [ "$TORCH_PIN" = "${TORCH_VER%%+*}" ]; }; then
   TORCH_KEPT=1
   plan_mmcv
+elif [ "$TORCH_VER" != - ] && [ -n "$SET_UP_WITH" ] && [ "$SET_UP_WITH" != "$CONSTRAINTS" ]; then
+  die "$VENV (AA_DET_VENV) holds torch $TORCH_VER, set up with $SET_UP_WITH; $CONSTRAINTS (AA_DET_CONSTRAINTS) pins torch $TORCH_PIN and would replace it: to use this venv set AA_DET_CONSTRAINTS=$SET_UP_WITH; for torch $TORCH_PIN set AA_DET_VENV to another folder, or remove $VENV"
 elif ! ls "$CACHE/wheels/mmcv-$MMCV_VER-torch$TORCH_PIN"*"-$PY_TAG-"*/mmcv-*.whl >/dev/null 2>&1; then
   check_build_tools
-fi
-# A venv set up with other pins (another stack's, e.g. .venv-torch2.1 without its AA_DET_CONSTRAINTS)
-# keeps its torch: installing these pins would replace it, GBs of downloads and that stack gone.
-SET_UP_WITH=$(sed -n 's/^constraints=//p' "$STAMP" 2>/dev/null || true)
-if [ "$TORCH_KEPT" = 0 ] && [ "$TORCH_VER" != - ] && [ -n "$SET_UP_WITH" ] && [ "$SET_UP_WITH" != "$CONSTRAINTS" ]; then
-  die "$VENV (AA_DET_VENV) holds torch $TORCH_VER, set up with $SET_UP_WITH; $CONSTRAINTS (AA_DET_CONSTRAINTS) pins torch $TORCH_PIN and would replace it: to use this venv set AA_DET_CONSTRAINTS=$SET_UP_WITH; for torch $TORCH_PIN set AA_DET_VENV to another folder, or remove $VENV"
 fi
 # torch from PyPI is a CUDA build: about 6 GB in the venv, plus its download while it installs
 if [ "$TORCH_KEPT" = 0 ]; then check_free_disk 8; fi

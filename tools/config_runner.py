@@ -9,6 +9,7 @@ The checks that protect a run live in what the configs name (the dataset, the me
 ``configs/_base_/default_runtime.py``); :func:`build_runner` adds the ones that must run before the
 model is built (``config_checks.py``).
 """
+import gc
 import os.path as osp
 from typing import Optional
 
@@ -163,17 +164,24 @@ def load_config(path: str, work_dir: Optional[str] = None, cfg_options: Optional
 
 
 def close_process_group():
-    """End a finished distributed run: a barrier, then the default process group destroyed (a no-op
-    without one).
+    """End a finished distributed run (a no-op without one): a barrier, the default process group destroyed,
+    and its gloo threads joined before the interpreter shuts down.
 
-    A gloo worker thread releases a collective's tensors after the caller's wait has returned, and needs
-    the GIL for it; if the interpreter is finalising by then, the process aborts (SIGABRT, "terminate called
-    without an active exception"; seen on torch 2.14.1) and torchrun reports the finished run as failed.
-    The barrier's wait releases the GIL until every earlier collective is done and its thread free.
-    Called on success only: after an error the other ranks may never reach the barrier."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    A gloo worker thread frees a collective's tensors after the caller's wait has returned; a tensor that
+    Python held needs the GIL to be freed, and a thread that asks for it while the interpreter finalises
+    aborts the process (SIGABRT, "terminate called without an active exception"; torchrun then reports the
+    finished run as failed). ``destroy_process_group`` only unregisters the group while the run's model
+    (DDP) still holds it, so the finished runner, whose cycles keep it alive, is collected first; the last
+    reference, dropped here, destroys the group with the GIL released (torch's binding), joining its threads.
+    Called on success only, with the caller's runner released: after an error the other ranks may never
+    reach the barrier."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = dist.group.WORLD
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()  # the finished runner and its DDP model
+    del group  # the last reference: the gloo threads end here
 
 
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:

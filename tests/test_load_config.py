@@ -71,8 +71,7 @@ def test_distributed_run_on_the_cpu_builds_ddp_with_bn(tiny_shapes, tmp_path, mo
 def test_a_finished_distributed_run_joins_the_gloo_threads(tiny_shapes, tmp_path, monkeypatch):
     """What tools/train.py and tools/test.py do after a finished distributed run: ``close_process_group``
     destroys the group and ends its threads while the interpreter is alive (a gloo thread left to free a
-    collective's tensors during the interpreter's shutdown aborts the process: 2 of 12 two-process runs under
-    load did so while the runner kept the group alive)."""
+    collective's tensors during the interpreter's shutdown aborts the process)."""
     def threads():
         return set(os.listdir('/proc/self/task'))
 

@@ -1,12 +1,10 @@
 """What :func:`config_runner.load_config` adds to a config where the machine or mmengine's ``compile``
 option needs it, registered in mmengine's and mmdet's registries when our tools import this module:
 
-* ``CPUAmpOptimWrapper``: mixed precision on a CPU, where mmengine's ``AmpOptimWrapper`` asserts a GPU;
 * ``CompileOptimWrapperConstructor``, ``EagerDataPreprocessorHook``, ``StaticModuleIntsHook``: what
   the ``compile`` option needs on the installed torch (docs/design.md, "Compiling and exporting").
 """
 import inspect
-from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -14,32 +12,10 @@ from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIMIZERS
 
 from aa_det.engine import MergedGroupsOptimWrapperConstructor
 from aa_det.utils.compat import module_ints_constant
-
-
-@OPTIM_WRAPPERS.register_module()
-class CPUAmpOptimWrapper(OptimWrapper):
-    """mmengine's ``AmpOptimWrapper`` for the CPU, where that one asserts a GPU: the forward (data
-    preprocessing and losses included) runs under ``torch.autocast('cpu', dtype=torch.bfloat16)``;
-    parameters, gradients and optimizer state stay float32, and no loss scaler is needed (bf16 has
-    float32's exponent range). Everything else is :class:`OptimWrapper`'s.
-
-    Examples:
-        >>> from aa_det.utils.compat import autocast_dtype
-        >>> wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
-        >>> with wrapper.optim_context(nn.Linear(2, 2)):
-        ...     autocast_dtype('cpu')
-        torch.bfloat16
-    """
-
-    @contextmanager
-    def optim_context(self, model: nn.Module):
-        """:class:`OptimWrapper`'s context (no gradient sync while accumulating) under CPU bf16 autocast."""
-        with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
-            yield
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()

@@ -1,7 +1,11 @@
-"""An optimizer wrapper constructor with one param group per setting, which the schedules name."""
+"""Optimizer wrappers a config names: an optimizer wrapper constructor with one param group per setting,
+which the schedules name, and mixed precision on a CPU (what ``--amp`` runs there)."""
+from contextlib import contextmanager
+
+import torch
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -33,3 +37,25 @@ class MergedGroupsOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             merged.setdefault(settings, {**group, 'params': []})['params'].extend(group['params'])
         wrapper.optimizer.param_groups[:] = list(merged.values())  # before any step: no state refers to a group
         return wrapper
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAmpOptimWrapper(OptimWrapper):
+    """mmengine's ``AmpOptimWrapper`` for the CPU, where that one asserts a GPU: the forward (data
+    preprocessing and losses included) runs under ``torch.autocast('cpu', dtype=torch.bfloat16)``;
+    parameters, gradients and optimizer state stay float32, and no loss scaler is needed (bf16 has
+    float32's exponent range). Everything else is :class:`OptimWrapper`'s.
+
+    Examples:
+        >>> from aa_det.utils.compat import autocast_dtype
+        >>> wrapper = CPUAmpOptimWrapper(optimizer=torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+        >>> with wrapper.optim_context(nn.Linear(2, 2)):
+        ...     autocast_dtype('cpu')
+        torch.bfloat16
+    """
+
+    @contextmanager
+    def optim_context(self, model: nn.Module):
+        """:class:`OptimWrapper`'s context (no gradient sync while accumulating) under CPU bf16 autocast."""
+        with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
+            yield

@@ -7,6 +7,7 @@ import sys
 
 import mmengine.config.utils
 import pytest
+import torch
 
 # mmengine parses every metafile of a package's model index (306 YAML files, about 0.5 s) each time a
 # config names one of its bases by package scope; the tests load a few hundred configs, so the files,
@@ -17,6 +18,15 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path += [osp.join(ROOT, 'tools'), osp.join(ROOT, 'tools', 'analysis_tools'), osp.join(ROOT, 'demo')]
 
 from synthetic_shapes import generate_shapes_coco  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` (what benchmarks/gpu_check.sh runs first on a GPU) skip where there is none."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason='needs a CUDA GPU')
+        for item in items:
+            if item.get_closest_marker('cuda'):
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope='module')

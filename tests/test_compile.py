@@ -194,7 +194,7 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     tells rounding from a wrong graph. In float32 AA's outputs and gradients are eager's within 1e-3 too.
     AA with mmdet's frozen BatchNorm (``norm_eval=True``), GSA with training BatchNorm (GSA with fresh running
     statistics is not finite at this size, docs/design.md). The ``'cuda'`` case runs the CUDA path's kernels
-    (AA's ``impl='sdpa'``) on CPU tensors under bf16 autocast (under CPU fp16 autocast inductor stops in ``at::autocast::prioritize``),
+    (AA's ``impl='sdpa'``, CUDA's before torch 2.6) on CPU tensors under bf16 autocast (under CPU fp16 autocast inductor stops in ``at::autocast::prioritize``),
     with concatenations lowered as on GPUs (``force_pointwise_cat``, torch >= 2.5).
     Prints the compile time (docs/benchmarks.md); minutes per case on 2 cores."""
     import copy
@@ -217,7 +217,7 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
     amp = torch.autocast('cpu', dtype=torch.bfloat16, enabled=policy == 'cuda')
     for module in model.modules():
         if isinstance(module, AAConv2d) and policy == 'cuda':
-            module.impl = 'sdpa'  # CUDA's kernel
+            module.impl = 'sdpa'  # CUDA's kernel before torch 2.6 (FlexAttention has no CPU backward)
     with amp:
         ref = model(x)
     exact_gradients = backbone == 'AAResNet' and policy == 'cpu'  # compared with eager's below
@@ -242,3 +242,32 @@ def test_resnet50_backbone_compiles_at_full_size(backbone, policy, norm_eval):
         torch.testing.assert_close(out[-1], ref[-1], rtol=1e-3, atol=1e-3)
         for a, b in zip(g, g_ref):  # each gradient within 1e-3 of its largest element (reassociated sums)
             assert (a is None) == (b is None) and (b is None or (a - b).abs().max() <= 1e-3 * b.abs().max() + 1e-6)
+
+
+@pytest.mark.slow  # 1-2 min of tracing on 2 cores
+@pytest.mark.parametrize('backbone', ['AAResNet', 'GSAResNet'])
+def test_backbone_traces_to_one_graph_with_cuda_choices_under_autocast(backbone):
+    """With the CUDA device policy forced on CPU tensors (AA: FlexAttention where torch has it; GSA: bfloat16
+    for float16 and one chunk), each ResNet-50 backbone's forward traces with ``fullgraph=True`` and
+    ``dynamic=True`` under fp16 and bf16 autocast into one graph that two input sizes share (the device query,
+    bfloat16 support, answered outside the traced code; tests/test_cuda_path.py traces it on a GPU)."""
+    from mmdet.registry import MODELS
+    from torch._dynamo.utils import counters
+
+    import aa_det  # noqa: F401
+    from aa_det.models.layers.device_policy import forced_device_policy
+
+    torch.manual_seed(0)
+    stages = dict(stage_with_attention=(False, False, True, True)) if backbone == 'GSAResNet' else {}
+    model = MODELS.build(dict(type=backbone, depth=50, norm_eval=False, **stages))
+    model.train()  # mmdet's ResNet.train returns None
+    for dtype in (torch.float16, torch.bfloat16):
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(model, fullgraph=True, dynamic=True, backend='eager')
+        with forced_device_policy('cuda'), torch.no_grad(), torch.autocast('cpu', dtype=dtype):
+            for size in (96, 128):
+                outs = compiled(torch.randn(1, 3, size, size))
+                assert all(o.isfinite().all() for o in outs)
+        assert counters['stats']['unique_graphs'] == 1, (dtype, dict(counters['stats']))
+        assert not counters['graph_break'], dict(counters['graph_break'])

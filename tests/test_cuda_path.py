@@ -1,8 +1,13 @@
-"""What a GPU runs, run on the CPU: AA's fused ``'sdpa'`` kernel (``impl='sdpa'``, CUDA's choice) on the
-autocast dtype, with the float16 fold scale, and GSA's bfloat16 products under autocast, forward and backward,
-against the float64 loop references. Errors are bounded as in tests/test_low_precision.py: by PyTorch's own
-SDPA error on the same inputs and dtype.
+"""What a GPU runs, run on the CPU (the CUDA device policy forced, :mod:`aa_det.models.layers.device_policy`):
+AA's kernels (FlexAttention, CUDA's from torch 2.6; the fused ``'sdpa'`` before, on the autocast dtype with the
+float16 fold scale), GSA's bfloat16 products under autocast, forward and backward, against the float64 loop
+references; the same number of launches at every size. Errors are bounded as in tests/test_low_precision.py: by
+PyTorch's own SDPA error on the same inputs and dtype. The tests marked ``cuda`` run the fused kernels, compiled,
+on a GPU (benchmarks/gpu_check.sh runs them first).
 """
+import contextlib
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,10 +15,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from aa_det.models.layers import AAConv2d, GlobalSelfAttention2d
 from aa_det.models.layers import aa_conv
+from aa_det.models.layers.device_policy import HAS_FLEX_ATTENTION, forced_device_policy
 from aa_det.models.layers.relative_position import relative_embeddings
 
 from attention_inputs import aa_inputs, rel_err
-from kernel_references import attention_reference, gsa_qkv, gsa_reference
+from kernel_references import attention_reference, flex_attention_dense, gsa_qkv, gsa_reference
 from torch_versions import CPU_FP16_AUTOCAST
 
 LOW = [torch.bfloat16, pytest.param(torch.float16, marks=CPU_FP16_AUTOCAST)]
@@ -39,15 +45,19 @@ def _grads(out, gout, inputs):
     return [out, *torch.autograd.grad((out.double() * gout).sum(), inputs)]
 
 
-def test_auto_picks_blocked_on_the_cpu(monkeypatch):
-    """'auto' on CPU tensors runs the blocked kernel (CUDA tensors and captured graphs: 'sdpa')."""
+@pytest.mark.parametrize('device,kernel', [('cpu', 'attention_blocked'),
+                                           ('cuda', 'attention_flex' if HAS_FLEX_ATTENTION else 'attention_sdpa')])
+def test_auto_picks_the_devices_kernel(monkeypatch, device, kernel):
+    """'auto' runs the blocked kernel on CPU tensors; with CUDA's policy FlexAttention (torch >= 2.6), else the
+    folded SDPA."""
     ran = []
-    for name in ('attention_blocked', 'attention_sdpa', 'attention_materialized'):
-        real = getattr(aa_conv, name)
+    for name in ('attention_blocked', 'attention_sdpa', 'attention_materialized', 'attention_flex'):
+        real = flex_attention_dense if name == 'attention_flex' else getattr(aa_conv, name)
         monkeypatch.setattr(aa_conv, name, lambda *a, real=real, name=name: ran.append(name) or real(*a))
     q, k, v, th, tw, _ = aa_inputs(0)
-    aa_conv.relative_attention(q, k, v, th, tw, 12, 10)
-    assert ran[0] == 'attention_blocked'
+    with forced_device_policy(device):
+        aa_conv.relative_attention(q, k, v, th, tw, 12, 10)
+    assert ran[0] == kernel
 
 
 @pytest.mark.parametrize('dtype', LOW)
@@ -106,22 +116,25 @@ def test_gsa_module_under_autocast_against_the_loop_reference(dtype):
 
 
 @pytest.mark.parametrize('layer', ['aa', 'gsa'])
-def test_gpu_kernels_launch_as_many_ops_at_every_batch_and_size(layer):
-    """One layer's forward + backward under bf16 autocast, with the kernels CUDA runs, dispatches the same number
-    of ops at 2x8x8 as at 4x24x18: no loop over query blocks or chunks where a GPU runs it."""
+def test_gpu_kernels_launch_as_many_ops_at_every_batch_and_size(layer, monkeypatch):
+    """One layer's forward + backward under bf16 autocast, with the kernels CUDA runs (FlexAttention's dense math
+    standing in for its fused kernel), dispatches the same number of ops at 2x8x8 as at 4x24x18, each counted at
+    its size's second step: no loop over query blocks or chunks where a GPU runs it, and the index tables built
+    once per size."""
+    monkeypatch.setattr(aa_conv, 'attention_flex', flex_attention_dense)
     counts = []
     for B, H, W in ((2, 8, 8), (4, 24, 18)):
         torch.manual_seed(0)
         if layer == 'aa':
-            module = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4, impl='sdpa')
+            module = AAConv2d(16, 32, 3, num_heads=4, min_key_dim_per_head=4)
         else:
             module = GlobalSelfAttention2d(16, 16, num_heads=4)
         x = torch.randn(B, 16, H, W, requires_grad=True)
-        ops = _Ops()
-        with ops:
-            with torch.autocast('cpu', dtype=torch.bfloat16):
-                out = module(x)
-            out.float().sum().backward()
+        for ops in (contextlib.nullcontext(), _Ops()):
+            with forced_device_policy('cuda'), ops:
+                with torch.autocast('cpu', dtype=torch.bfloat16):
+                    out = module(x)
+                out.float().sum().backward()
         counts.append(len(ops.ops))
     assert counts[0] == counts[1], counts
 
@@ -155,3 +168,72 @@ def test_gsa_casts_once_in_and_once_out_under_fp16_autocast():
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert forward.casts == [(torch.float16, torch.bfloat16)], forward.casts
     assert backward.casts == [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)], backward.casts
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_FLEX_ATTENTION, reason='FlexAttention needs torch >= 2.6')
+@pytest.mark.parametrize('H,W,max_dist', [(5, 7, 4), (17, 12, 9), (1, 1, 3)])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_flex_kernel_matches_loop_reference(H, W, max_dist, dtype):
+    """FlexAttention's fused kernel, compiled as eager CUDA callers get it: output and gradients (q, k, v and both
+    tables, the latter through the kernel's own gradients of its score_mod's tensors) against the float64 loop,
+    in float32 and under autocast, offsets clipped or not, AA-ResNet-50's head dims (20 and 3)."""
+    q, k, v, th, tw, gout = aa_inputs(0, H=H, W=W, max_dist=max_dist)
+    ref_inputs = [t.clone().requires_grad_() for t in (q, k, v, th, tw)]
+    ref = [t.detach() for t in _grads(attention_reference(*ref_inputs, H, W), gout, ref_inputs)]
+    dev = [t.float().cuda().requires_grad_() for t in (q, k, v, th, tw)]
+    with torch.autocast('cuda', dtype=dtype, enabled=dtype != torch.float32):
+        out = aa_conv.relative_attention(*dev[:3], *dev[3:], H, W, impl='flex')
+    ours = [t.cpu() for t in _grads(out, gout.cuda(), dev)]
+    bound = {torch.float32: 5e-3, torch.bfloat16: 3e-2, torch.float16: 5e-3}[dtype]  # TF32 in float32
+    for name, a, r in zip(('out', 'dq', 'dk', 'dv', 'dtable_h', 'dtable_w'), ours, ref):
+        assert rel_err(a, r) < bound, (name, rel_err(a, r))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('kind', ['aa', 'gsa'])
+def test_cuda_layer_compiles_to_one_graph_and_matches_the_reference(kind):
+    """The compile smoke test of benchmarks/gpu_check.sh: one AA and one GSA layer, ``torch.compile(fullgraph=True,
+    dynamic=True)`` with inductor on a GPU (FlexAttention's fused kernel for AA where torch has it), at two sizes:
+    one graph, and output and gradients (input and every parameter) within TF32's error of the same layer's
+    float64 forward on the CPU."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    if kind == 'aa':  # 4 heads of 20 key and 4 value channels
+        layer = AAConv2d(64, 64, 3, key_ratio=1.25, value_ratio=0.25, num_heads=4)
+    else:
+        layer = GlobalSelfAttention2d(64, 64, num_heads=4)
+    reference = copy.deepcopy(layer).double().train()
+    compiled = torch.compile(layer.cuda().train(), fullgraph=True, dynamic=True)
+    for H, W in ((13, 11), (20, 17)):
+        x = torch.randn(2, 64, H, W, dtype=torch.float64)
+        results = []
+        for module, fn, xs in ((reference, reference, x.clone()), (layer, compiled, x.float().cuda())):
+            xs.requires_grad_()
+            out = fn(xs)
+            gout = torch.cos(torch.arange(out.numel(), dtype=out.dtype, device=out.device)).view_as(out)
+            grads = torch.autograd.grad((out * gout).sum(), [xs] + list(module.parameters()))
+            results.append([out.detach().cpu()] + [g.cpu() for g in grads])
+        names = ['out', 'x'] + [n for n, _ in layer.named_parameters()]
+        for name, a, r in zip(names, results[1], results[0]):
+            assert rel_err(a, r) < 5e-3, (name, H, W, rel_err(a, r))
+    assert counters['stats']['unique_graphs'] == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_cuda_gsa_layer_compiles_fullgraph_under_autocast(dtype):
+    """GSA under fp16 autocast computes in bfloat16 where the GPU has it: that device query is made outside the
+    traced code, so ``fullgraph=True`` traces one graph on a GPU under either autocast dtype."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    layer = GlobalSelfAttention2d(64, 64, num_heads=4).cuda().train()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    with torch.autocast('cuda', dtype=dtype):
+        out = compiled(torch.randn(2, 64, 13, 11, device='cuda', requires_grad=True))
+    out.float().square().mean().backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert counters['stats']['unique_graphs'] == 1

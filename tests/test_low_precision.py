@@ -22,7 +22,7 @@ from torch_versions import CPU_FP16_AUTOCAST, CPU_FP16_MATMUL, CPU_FP16_SDPA
 LOW = [torch.float16, torch.bfloat16]
 #: LOW as parameters of CPU tests that multiply in float16
 LOW_CPU = [pytest.param(torch.float16, marks=CPU_FP16_MATMUL), torch.bfloat16]
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+cuda = pytest.mark.cuda
 
 
 def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):

@@ -7,8 +7,10 @@ from aa_det.models.layers import aa_conv
 from aa_det.models.layers.aa_conv import relative_attention
 
 from attention_inputs import saved_numel
-from kernel_references import attention_reference
-from torch_versions import CPU_FP16_AUTOCAST
+from kernel_references import attention_reference, flex_attention_dense
+from torch_versions import CPU_FP16_AUTOCAST, requires_torch
+
+FLEX = requires_torch((2, 6), "FlexAttention with gradients of its score_mod's tensors")
 
 
 def _inputs(B=2, Nh=3, H=5, W=7, d=4, dv=6, max_dist=4, seed=0):
@@ -29,6 +31,38 @@ def test_kernels_match_loop_reference(impl, H, W, max_dist):
     results = []
     for out in (attention_reference(q, k, v, th, tw, H, W),
                 relative_attention(q, k, v, th, tw, H, W, impl=impl, **extra)):
+        grads = torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, th, tw))
+        results.append((out, grads))
+    (ref, ref_g), (out, g) = results
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g, ref_g):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+@FLEX
+@pytest.mark.parametrize('position', [True, False])
+@pytest.mark.parametrize('H,W,max_dist', [(5, 7, 4), (3, 1, 2), (1, 1, 3), (6, 5, 9)])
+def test_flex_kernel_forward_matches_loop_reference(H, W, max_dist, position):
+    """'flex' (CUDA's kernel) runs FlexAttention with the relative logits as its score_mod; on the CPU torch's
+    own dense FlexAttention, forward only: against the float64 loop, offsets clipped (``max_dist < H, W``) or not,
+    with and without the relative term, head dims below the kernel's 16 (zero-padded)."""
+    q, k, v, th, tw = (t.detach() for t in _inputs(H=H, W=W, max_dist=max_dist))
+    th, tw = (th, tw) if position else (None, None)
+    out = relative_attention(q, k, v, th, tw, H, W, impl='flex', scale=0.7)
+    torch.testing.assert_close(out, attention_reference(q * 0.7, k, v, th, tw, H, W), rtol=1e-10, atol=1e-10)
+
+
+@FLEX
+@pytest.mark.parametrize('H,W,max_dist', [(5, 7, 4), (6, 5, 9)])
+def test_flex_kernel_gradients_through_its_dense_math_match_loop_reference(H, W, max_dist, monkeypatch):
+    """The gradients of 'flex' (q, k, v and both tables, through the relative logits by offset and the
+    score_mod) with FlexAttention replaced by its dense math (CPU FlexAttention has no backward; the CUDA
+    tests compare the fused kernel's own gradients)."""
+    monkeypatch.setattr(aa_conv, 'attention_flex', flex_attention_dense)
+    q, k, v, th, tw = _inputs(H=H, W=W, max_dist=max_dist)
+    results = []
+    for out in (attention_reference(q * 0.7, k, v, th, tw, H, W),
+                relative_attention(q, k, v, th, tw, H, W, impl='flex', scale=0.7)):
         grads = torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, th, tw))
         results.append((out, grads))
     (ref, ref_g), (out, g) = results
@@ -193,7 +227,7 @@ def test_channel_rule_reproduces_table9():
                                                                           (160, 48)]
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+cuda = pytest.mark.cuda
 
 
 @cuda

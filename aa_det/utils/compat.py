@@ -22,6 +22,11 @@ from mmengine.utils import digit_version
 #: The running torch release as ``(major, minor)``, e.g. ``(2, 1)``.
 TORCH_VERSION = tuple(digit_version(torch.__version__)[:2])
 
+if TORCH_VERSION >= (2, 6):  # FlexAttention with gradients of the tensors its score_mod reads
+    from torch.nn.attention.flex_attention import flex_attention
+else:
+    flex_attention = None
+
 
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The dtype autocast runs ``device_type`` ops in, or None where autocast is off.
@@ -54,6 +59,24 @@ def is_capturing_graph() -> bool:
     if TORCH_VERSION >= (2, 3):
         return torch.compiler.is_compiling()
     return torch._dynamo.is_compiling()
+
+
+def assume_constant_result(fn: Callable) -> Callable:
+    """``fn`` (no arguments) called once while dynamo traces, its result a constant of the graph: a device
+    query outside the traced code. ``torch.compiler.assume_constant_result`` from torch 2.2 on; before,
+    ``torch._dynamo.assume_constant_result``."""
+    if TORCH_VERSION >= (2, 2):
+        return torch.compiler.assume_constant_result(fn)
+    return torch._dynamo.assume_constant_result(fn)
+
+
+def is_exporting() -> bool:
+    """True while ``torch.export`` (and the dynamo ONNX exporter) captures a graph; torch.compile is not
+    exporting. ``torch.compiler.is_exporting`` from torch 2.6 on, where FlexAttention (which has no export
+    lowering) is the compiled kernel; before, no kernel depends on it, and this is False."""
+    if TORCH_VERSION >= (2, 6):
+        return torch.compiler.is_exporting()
+    return False
 
 
 def module_ints_constant(compiled: Callable) -> Callable:

@@ -4,12 +4,16 @@ Bello et al., *Attention Augmented Convolutional Networks*, ICCV 2019, Sec. 3 an
 ``AAConv(X) = Concat[Conv(X), MHA(X)]``, ``out_channels - dv`` conv filters and ``dv`` attention channels, with
 eq. (3)'s logits ``q_i . k_j + q_i . r^H[h_j - h_i] + q_i . r^W[w_j - w_i]``.
 
-:func:`relative_attention` computes eq. (3) exactly with one of three kernels (tests: the float64 loop in
+:func:`relative_attention` computes eq. (3) exactly with one of four kernels (tests: the float64 loop in
 ``tests/kernel_references.py``; docs/design.md, "AA attention kernels"):
 
 * ``'materialized'``: the paper's form, all ``[B, Nh, HW, HW]`` logits at once;
 * ``'blocked'``: the same per block of queries, each recomputed in the backward (memory linear in HW); the CPU's;
-* ``'sdpa'``: the relative logits folded into one fused ``scaled_dot_product_attention``; CUDA's and a graph's.
+* ``'flex'``: FlexAttention, the relative logits added by its ``score_mod``; CUDA's (torch >= 2.6);
+* ``'sdpa'``: the relative logits folded into one fused ``scaled_dot_product_attention``; a CPU graph's, and
+  CUDA's before torch 2.6.
+
+Which one ``'auto'`` takes on which device is :mod:`.device_policy`'s.
 
 Example:
     >>> import torch
@@ -20,9 +24,10 @@ Example:
     >>> AAConv2d(64, 64, 3, stride=2, num_heads=4)(torch.rand(1, 64, 9, 13)).shape
     torch.Size([1, 64, 5, 7])
 """
+import functools
 import itertools
 import numbers
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -32,15 +37,18 @@ from mmengine.model import BaseModule
 from mmengine.registry import MODELS
 from torch import Tensor
 
-from ...utils.compat import is_capturing_graph
+from ...utils.compat import flex_attention, is_capturing_graph, is_exporting
+from .device_policy import HAS_FLEX_ATTENTION, device_policy
 from .position_encoding import coord_channels, sine_encoding_2d
 from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
 POSITION_ENCODINGS = ('relative', 'none', 'sine', 'coord')
 #: :func:`relative_attention`'s kernels
-IMPLS = ('auto', 'blocked', 'sdpa', 'materialized')
+IMPLS = ('auto', 'blocked', 'flex', 'sdpa', 'materialized')
 #: logits ``B * Nh * queries * HW`` of one 'blocked' block: 16 MiB in float32, cache-sized on a CPU
 BLOCK_LOGITS = 1 << 22
+#: the smallest head dim FlexAttention's Triton kernel takes (its dot products)
+FLEX_MIN_HEAD_DIM = 16
 
 
 def round_to_heads(channels: float, num_heads: int) -> int:
@@ -342,21 +350,112 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :dv]
 
 
+def relative_score_mod(rel_h: Tensor, rel_w: Tensor) -> Callable:
+    """FlexAttention's ``score_mod`` adding eq. (3)'s relative logits: query ``i`` at ``(h_i, w_i)`` and key ``j``
+    at ``(h_j, w_j)`` of a map of width ``W`` get ``rel_h[.., h_i, w_i, h_j - h_i]`` and ``rel_w[.., w_j - w_i]``,
+    offsets clipped to the rows given.
+
+    Args:
+        rel_h (Tensor): ``[B, Nh, H, W, 2 mh - 1]``, ``q_i . r^H[o]`` of every query and offset
+            ``o = -(mh - 1) .. mh - 1`` (:func:`offset_logits`); rel_w (Tensor): ``[B, Nh, H, W, 2 mw - 1]``.
+
+    Returns:
+        Callable: ``(score, b, n, i, j) -> score + S^H + S^W``, elementwise (any broadcast of index tensors).
+    """
+
+    def relative_score(score, b, n, i, j):
+        W, mh, mw = rel_h.shape[3], (rel_h.shape[4] + 1) // 2, (rel_w.shape[4] + 1) // 2
+        hi, wi, hj, wj = i // W, i % W, j // W, j % W
+        dh = (hj - hi).clamp(1 - mh, mh - 1) + mh - 1  # the offset's row of the table
+        dw = (wj - wi).clamp(1 - mw, mw - 1) + mw - 1
+        return score + rel_h[b, n, hi, wi, dh] + rel_w[b, n, hi, wi, dw]
+
+    return relative_score
+
+
+def offset_logits(q: Tensor, table: Tensor, H: int, W: int) -> Tensor:
+    """``q_i . r[o]`` of every query and every row of relative tables (one GEMM): the relative logits by
+    offset, which :func:`relative_score_mod` reads at each key's offset.
+
+    Args:
+        q (Tensor): ``[B, Nh, HW, d]``; table (Tensor): ``[R, d]``, rows of one or more tables.
+
+    Returns:
+        Tensor: ``[B, Nh, H, W, R]``.
+    """
+    return (q @ table.transpose(0, 1)).unflatten(2, (H, W))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex_attention() -> Callable:
+    """FlexAttention compiled once for every size (its fused kernel exists only compiled)."""
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def attention_flex(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
+                   scale: float) -> Tensor:
+    """Eq. (3) in FlexAttention: ``softmax(scale q k^T + S^H + S^W) v``, the relative logits added inside the
+    fused kernel by :func:`relative_score_mod` (no ``(HW)^2`` logits kept; the kernel's backward takes the
+    gradients of ``rel_h`` and ``rel_w`` too). Eager CUDA callers get it compiled; a graph traces it as it is;
+    eager CPU callers (tests) get torch's dense reference of it, forward only.
+
+    Args:
+        q, k (Tensor): ``[B, Nh, HW, d]``; v (Tensor): ``[B, Nh, HW, dv]``; head dims at least
+            :data:`FLEX_MIN_HEAD_DIM`.
+        rel_h, rel_w (Tensor | None): :func:`offset_logits` of the scaled queries, or None (no position term).
+        scale (float): the factor of ``q k^T``.
+
+    Returns:
+        Tensor: ``[B, Nh, HW, dv]``.
+    """
+    score_mod = None if rel_h is None else relative_score_mod(rel_h, rel_w)
+    flex = _compiled_flex_attention() if q.is_cuda and not is_capturing_graph() else flex_attention
+    return flex(q, k, v, score_mod=score_mod, scale=scale)
+
+
+def _relative_attention_flex(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
+                             H: int, W: int, scale: float) -> Tensor:
+    """:func:`relative_attention`'s ``'flex'`` kernel on the inputs' dtype: the relative logits by offset of both
+    scaled tables in one GEMM, head dims zero-padded to what the kernel takes (zero channels add nothing to the
+    logits, and the output's extra channels are dropped)."""
+    dv = v.shape[-1]
+    rel_h = rel_w = None
+    if table_h is not None:
+        tables = torch.cat([table_h, table_w]).to(q.dtype) * scale  # [2mh - 1 + 2mw - 1, d]
+        rel_h, rel_w = offset_logits(q, tables, H, W).split([table_h.shape[0], table_w.shape[0]], -1)
+    q, k, v = (F.pad(t, (0, FLEX_MIN_HEAD_DIM - t.shape[-1])) if t.shape[-1] < FLEX_MIN_HEAD_DIM else t
+               for t in (q, k, v))
+    return attention_flex(q, k, v, rel_h, rel_w, scale)[..., :dv]
+
+
+def attention_kernel(impl: str, q: Tensor) -> str:
+    """The kernel :func:`relative_attention` runs for ``impl`` on ``q``: 'auto' is 'materialized' in the
+    TorchScript ONNX exporter (ONNX has no fused attention), 'sdpa' in a graph exported or traced (FlexAttention
+    has no ONNX lowering), else the device's (:func:`.device_policy.device_policy`), in eager mode or compiled."""
+    if impl != 'auto':
+        return impl
+    if torch.onnx.is_in_onnx_export():
+        return 'materialized'
+    if torch.jit.is_tracing() or is_exporting():
+        return 'sdpa'
+    policy = device_policy(q.device)
+    return policy.aa_graph_kernel if is_capturing_graph() else policy.aa_kernel
+
+
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
                        H: int, W: int, impl: str = 'auto', scale: float = 1.0,
                        block_logits: int = BLOCK_LOGITS) -> Tensor:
     """Multi-head 2D relative self-attention, eq. (3).
 
-    'sdpa' runs in the inputs' dtype (autocast's under AMP: the fused kernels keep the logits in float32);
-    the other kernels and the relative logits in float32 (float64 stays float64).
+    'flex' and 'sdpa' run in the inputs' dtype (autocast's under AMP: the fused kernels keep the logits in
+    float32); the other kernels and 'sdpa''s relative logits in float32 (float64 stays float64).
 
     Args:
         q, k (Tensor): ``[B, Nh, HW, d]`` queries and keys; v (Tensor): ``[B, Nh, HW, dv]`` values.
         table_h, table_w (Tensor | None): ``[2M - 1, d]`` relative embeddings, or None (no position term).
         H, W (int): the map, ``H * W == HW``.
-        impl (str): 'blocked', 'sdpa', 'materialized' or 'auto': 'materialized' in the TorchScript ONNX exporter
-            (ONNX has no fused attention), 'sdpa' on CUDA and in a captured graph (no size-dependent loop), else
-            'blocked'. Defaults to 'auto'.
+        impl (str): 'blocked', 'flex', 'sdpa', 'materialized' or 'auto' (:func:`attention_kernel`).
+            Defaults to 'auto'.
         scale (float): the logits' factor, ``d ** -0.5`` for unscaled ``q``. Defaults to 1.0.
         block_logits (int): logits per block of 'blocked'.
 
@@ -365,14 +464,18 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor
     """
     if impl not in IMPLS:
         raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}')
+    impl = attention_kernel(impl, q)
+    if impl == 'flex' and not HAS_FLEX_ATTENTION:
+        raise ValueError(f"impl='flex' needs torch >= 2.6 (FlexAttention with gradients of its score_mod's "
+                         f"tensors); this is torch {torch.__version__}: use 'auto'")
     out_dtype = v.dtype
-    if impl == 'auto':
-        impl = 'sdpa' if q.is_cuda or is_capturing_graph() else 'blocked'
-        impl = 'materialized' if torch.onnx.is_in_onnx_export() else impl
-    dtype = q.dtype if impl == 'sdpa' else torch.promote_types(q.dtype, torch.float32)
+    fused = impl in ('flex', 'sdpa')
+    dtype = q.dtype if fused else torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):
-        q = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)
-        k, v = k.to(dtype), v.to(dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if impl == 'flex':
+            return _relative_attention_flex(q, k, v, table_h, table_w, H, W, scale).to(out_dtype)
+        q = q * scale if scale != 1.0 else q
         emb_h = emb_w = None
         rel_dtype = torch.promote_types(dtype, torch.float32)
         if table_h is not None:  # the tables read at every (query, key) offset: [H, H, d], [W, W, d]

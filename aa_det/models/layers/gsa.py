@@ -26,6 +26,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 
 from ...utils.compat import autocast_dtype, is_capturing_graph
+from .device_policy import device_policy
 from .relative_position import TrainedOffsetRange, relative_embeddings, reset_relative_tables
 
 __all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'compute_dtype',
@@ -33,21 +34,15 @@ __all__ = ['GlobalSelfAttention2d', 'content_attention', 'column_attention', 'co
 
 GSA_COMPONENTS = ('content', 'column', 'row')
 AXIAL_SCALES = ('trained', 'sum', 'mean')  # GlobalSelfAttention2d's axial_scale
-#: logits of one chunk of column (row) attention, ``B * Nh * H * H`` per column: 16 MiB in float32
-CHUNK_LOGITS = 1 << 22
 
 
 def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype GSA's products compute in for inputs of ``dtype`` on ``device``.
 
     No softmax bounds GSA's outputs, which can leave float16's range, so float16 computes in bfloat16 where the
-    device has it, else in float32; other dtypes as they are.
+    device has it, else in float32 (:mod:`.device_policy`); other dtypes as they are.
     """
-    if dtype != torch.float16:
-        return dtype
-    if device.type == 'cuda' and not torch.cuda.is_bf16_supported():
-        return torch.float32
-    return torch.bfloat16
+    return device_policy(device).gsa_float16_dtype if dtype == torch.float16 else dtype
 
 
 def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -86,18 +81,36 @@ def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
     return _to_maps(torch.bmm(_to_columns(v), logits.permute(1, 2, 0)), v)  # [G, dvh, H (x)]
 
 
+def _column_grads(q: Tensor, v: Tensor, emb: Tensor, grad_out: Tensor):
+    """Gradients of :func:`_columns` (its two GEMMs' four, the logits recomputed): ``dq``, ``dv`` as maps and
+    ``demb`` ``[H (x), H (i), dkh]`` in ``q``'s dtype."""
+    qc, vc = _queries_by_row(q), _to_columns(v)  # [H (x), G, dkh], [G, dvh, H (i)]
+    grad = _to_columns(grad_out)  # [G, dvh, H (x)]
+    logits = torch.bmm(qc, emb.transpose(1, 2))  # [H (x), G, H (i)]
+    grad_logits = torch.bmm(grad.transpose(1, 2), vc).transpose(0, 1)  # [H (x), G, H (i)]
+    dv = _to_maps(torch.bmm(grad, logits.transpose(0, 1)), v)  # [G, dvh, H (i)]
+    dq = _to_maps(torch.bmm(grad_logits, emb).permute(1, 2, 0), q)  # [H (x), G, dkh]
+    return dq, dv, torch.bmm(grad_logits.transpose(1, 2), qc)
+
+
 class _ChunkedColumns(torch.autograd.Function):
     """:func:`_columns` per chunk of ``step`` columns. The forward keeps no logits; the backward recomputes each
-    chunk's logits and takes the gradients of its two GEMMs, so both passes hold one chunk of logits. Outputs and
-    gradients are written into whole tensors: no small tensor outlives its chunk, where it would fragment the
-    CPU allocator's heap. This is the kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh``
-    times the layer's maps, are never kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x
-    higher keeping them at 512x512 (docs/design.md, "Axial kernel")."""
+    chunk's logits and takes the gradients of its two GEMMs, so both passes hold one chunk of logits. This is the
+    kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh`` times the layer's maps, are never
+    kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x higher keeping them at 512x512
+    (docs/design.md, "Axial kernel").
+
+    With several chunks, outputs and gradients are written into whole tensors: no small tensor outlives its
+    chunk, where it would fragment the CPU allocator's heap. One chunk (a GPU's, :mod:`.device_policy`) is
+    returned as it is computed, without those copies.
+    """
 
     @staticmethod
     def forward(ctx, q, v, emb, step):
         ctx.save_for_backward(q, v, emb)
         ctx.step = step
+        if step >= q.shape[-1]:
+            return _columns(q, v, emb)
         out = v.new_empty(v.shape)  # [B, Nh, dvh, H, W]
         for s in range(0, q.shape[-1], step):
             out[..., s:s + step] = _columns(q[..., s:s + step], v[..., s:s + step], emb)
@@ -107,21 +120,19 @@ class _ChunkedColumns(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, v, emb = ctx.saved_tensors
         emb_q = emb.to(q.dtype)  # [H (x), H (i), dkh]
-        dq, dv, demb = torch.zeros_like(q), torch.zeros_like(v), torch.zeros_like(emb)
         with torch.autocast(q.device.type, enabled=False):  # the forward's dtype
+            if ctx.step >= q.shape[-1]:
+                dq, dv, demb = _column_grads(q, v, emb_q, grad_out)
+                return dq, dv, demb.to(emb.dtype), None
+            dq, dv, demb = torch.zeros_like(q), torch.zeros_like(v), torch.zeros_like(emb)
             for s in range(0, q.shape[-1], ctx.step):
                 sl = slice(s, s + ctx.step)
-                qc, vc = _queries_by_row(q[..., sl]), _to_columns(v[..., sl])  # [H (x), G, dkh], [G, dvh, H (i)]
-                grad = _to_columns(grad_out[..., sl])  # [G, dvh, H (x)]
-                logits = torch.bmm(qc, emb_q.transpose(1, 2))  # [H (x), G, H (i)]
-                grad_logits = torch.bmm(grad.transpose(1, 2), vc).transpose(0, 1)  # [H (x), G, H (i)]
-                dv[..., sl] = _to_maps(torch.bmm(grad, logits.transpose(0, 1)), v[..., sl])  # [G, dvh, H (i)]
-                dq[..., sl] = _to_maps(torch.bmm(grad_logits, emb_q).permute(1, 2, 0), q[..., sl])  # [H, G, dkh]
-                demb += torch.bmm(grad_logits.transpose(1, 2), qc)  # [H (x), H (i), dkh], in the table's dtype
+                dq[..., sl], dv[..., sl], demb_chunk = _column_grads(q[..., sl], v[..., sl], emb_q, grad_out[..., sl])
+                demb += demb_chunk  # summed in the table's dtype
         return dq, dv, demb, None
 
 
-def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CHUNK_LOGITS) -> Tensor:
+def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: Optional[int] = None) -> Tensor:
     """Column-only positional attention, appendix eq. (5)-(7): ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]``
     (no softmax, as eq. (2)).
 
@@ -131,7 +142,7 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CH
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``, of one dtype.
         table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are clipped.
-        chunk_logits (int): logits per chunk.
+        chunk_logits (int, optional): logits per chunk. Defaults to the device's (:mod:`.device_policy`).
 
     Returns:
         Tensor: ``[B, Nh, dvh, H, W]``.
@@ -140,6 +151,7 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: int = CH
     emb = relative_embeddings(table.to(torch.promote_types(q.dtype, torch.float32)), H)  # [H (x), H (i), dkh]
     if is_capturing_graph():
         return _columns(q, v, emb)
+    chunk_logits = chunk_logits or device_policy(q.device).gsa_chunk_logits
     return _ChunkedColumns.apply(q, v, emb, max(1, chunk_logits // (B * Nh * H * H)))
 
 

@@ -34,7 +34,32 @@ from torch import Tensor
 
 from ...utils.compat import is_capturing_graph
 
-__all__ = ['relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
+__all__ = ['offset_index', 'relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
+
+
+#: :func:`offset_index` of the sizes met in eager mode, by ``(length, M, device)``
+_OFFSET_INDEX = {}
+
+
+def offset_index(length: int, M: int, device: torch.device) -> Tensor:
+    """The row of a ``2M - 1`` table that each (query, key) pair of an axis of ``length`` reads, flattened:
+    ``[L * L]``, ``clip(b - a) + M - 1``. Computed once per size in eager mode (four kernels fewer per
+    call); in a captured graph, where the length may be symbolic, computed in the graph."""
+    if is_capturing_graph():
+        return _offset_index(length, M, device)
+    key = (length, M, device)
+    if key not in _OFFSET_INDEX:
+        with torch.inference_mode(False):  # a tensor autograd may save (index_select's backward)
+            index = _offset_index(length, M, device)
+        if type(index) is not torch.Tensor:  # a fake tensor (shapes only): not kept
+            return index
+        _OFFSET_INDEX[key] = index
+    return _OFFSET_INDEX[key]
+
+
+def _offset_index(length: int, M: int, device: torch.device) -> Tensor:
+    pos = torch.arange(length, device=device)
+    return ((pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M - 1).flatten()  # b - a, clipped, as a row
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
@@ -48,10 +73,8 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
     Returns:
         Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
     """
-    M = (table.shape[0] + 1) // 2
-    pos = torch.arange(length, device=table.device)
-    index = (pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M - 1  # [L, L]: b - a, clipped, as a row
-    return table.index_select(0, index.flatten()).view(length, length, -1)
+    index = offset_index(length, (table.shape[0] + 1) // 2, table.device)
+    return table.index_select(0, index).view(length, length, -1)
 
 
 def reset_relative_tables(layer: torch.nn.Module, *names: str) -> None:

@@ -48,7 +48,7 @@ def flex_attention_dense(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor
     if rel_h is not None:
         b, n = torch.arange(B)[:, None, None, None], torch.arange(Nh)[None, :, None, None]
         i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
-        score = relative_score_mod(rel_h, rel_w)(score, b, n, i, j)  # [B, Nh, N (i), N (j)]
+        score = relative_score_mod(rel_h, rel_w, scale)(score, b, n, i, j)  # [B, Nh, N (i), N (j)]
     return score.softmax(-1).to(v.dtype) @ v
 
 

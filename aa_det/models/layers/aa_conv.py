@@ -350,17 +350,19 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :dv]
 
 
-def relative_score_mod(rel_h: Tensor, rel_w: Tensor) -> Callable:
-    """FlexAttention's ``score_mod`` adding eq. (3)'s relative logits: query ``i`` at ``(h_i, w_i)`` and key ``j``
-    at ``(h_j, w_j)`` of a map of width ``W`` get ``rel_h[.., h_i, w_i, h_j - h_i]`` and ``rel_w[.., w_j - w_i]``,
-    offsets clipped to the rows given.
+def relative_score_mod(rel_h: Tensor, rel_w: Tensor, scale: float = 1.0) -> Callable:
+    """FlexAttention's ``score_mod`` adding eq. (3)'s relative logits, scaled as the score: query ``i`` at
+    ``(h_i, w_i)`` and key ``j`` at ``(h_j, w_j)`` of a map of width ``W`` get ``rel_h[.., h_i, w_i, h_j - h_i]``
+    and ``rel_w[.., w_j - w_i]``, offsets clipped to the rows given.
 
     Args:
         rel_h (Tensor): ``[B, Nh, H, W, 2 mh - 1]``, ``q_i . r^H[o]`` of every query and offset
             ``o = -(mh - 1) .. mh - 1`` (:func:`offset_logits`); rel_w (Tensor): ``[B, Nh, H, W, 2 mw - 1]``.
+        scale (float): the factor of the score ``q_i . k_j``, applied to the relative logits too.
 
     Returns:
-        Callable: ``(score, b, n, i, j) -> score + S^H + S^W``, elementwise (any broadcast of index tensors).
+        Callable: ``(score, b, n, i, j) -> score + scale (S^H + S^W)``, elementwise (any broadcast of index
+        tensors).
     """
 
     def relative_score(score, b, n, i, j):
@@ -368,7 +370,7 @@ def relative_score_mod(rel_h: Tensor, rel_w: Tensor) -> Callable:
         hi, wi, hj, wj = i // W, i % W, j // W, j % W
         dh = (hj - hi).clamp(1 - mh, mh - 1) + mh - 1  # the offset's row of the table
         dw = (wj - wi).clamp(1 - mw, mw - 1) + mw - 1
-        return score + rel_h[b, n, hi, wi, dh] + rel_w[b, n, hi, wi, dw]
+        return score + scale * (rel_h[b, n, hi, wi, dh] + rel_w[b, n, hi, wi, dw])
 
     return relative_score
 
@@ -394,7 +396,7 @@ def _compiled_flex_attention() -> Callable:
 
 def attention_flex(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel_w: Optional[Tensor],
                    scale: float) -> Tensor:
-    """Eq. (3) in FlexAttention: ``softmax(scale q k^T + S^H + S^W) v``, the relative logits added inside the
+    """Eq. (3) in FlexAttention: ``softmax(scale (q k^T + S^H + S^W)) v``, the relative logits added inside the
     fused kernel by :func:`relative_score_mod` (no ``(HW)^2`` logits kept; the kernel's backward takes the
     gradients of ``rel_h`` and ``rel_w`` too). Eager CUDA callers get it compiled; a graph traces it as it is;
     eager CPU callers (tests) get torch's dense reference of it, forward only.
@@ -402,13 +404,13 @@ def attention_flex(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel
     Args:
         q, k (Tensor): ``[B, Nh, HW, d]``; v (Tensor): ``[B, Nh, HW, dv]``; head dims at least
             :data:`FLEX_MIN_HEAD_DIM`.
-        rel_h, rel_w (Tensor | None): :func:`offset_logits` of the scaled queries, or None (no position term).
-        scale (float): the factor of ``q k^T``.
+        rel_h, rel_w (Tensor | None): :func:`offset_logits` of the queries, or None (no position term).
+        scale (float): the factor of the logits.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]``.
     """
-    score_mod = None if rel_h is None else relative_score_mod(rel_h, rel_w)
+    score_mod = None if rel_h is None else relative_score_mod(rel_h, rel_w, scale)
     flex = _compiled_flex_attention() if q.is_cuda and not is_capturing_graph() else flex_attention
     return flex(q, k, v, score_mod=score_mod, scale=scale)
 
@@ -416,12 +418,12 @@ def attention_flex(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor], rel
 def _relative_attention_flex(q: Tensor, k: Tensor, v: Tensor, table_h: Optional[Tensor], table_w: Optional[Tensor],
                              H: int, W: int, scale: float) -> Tensor:
     """:func:`relative_attention`'s ``'flex'`` kernel on the inputs' dtype: the relative logits by offset of both
-    scaled tables in one GEMM, head dims zero-padded to what the kernel takes (zero channels add nothing to the
+    tables in one GEMM (scaled inside the kernel), head dims zero-padded to what the kernel takes (zero channels add nothing to the
     logits, and the output's extra channels are dropped)."""
     dv = v.shape[-1]
     rel_h = rel_w = None
     if table_h is not None:
-        tables = torch.cat([table_h, table_w]).to(q.dtype) * scale  # [2mh - 1 + 2mw - 1, d]
+        tables = torch.cat([table_h, table_w]).to(q.dtype)  # [2mh - 1 + 2mw - 1, d]
         rel_h, rel_w = offset_logits(q, tables, H, W).split([table_h.shape[0], table_w.shape[0]], -1)
     q, k, v = (F.pad(t, (0, FLEX_MIN_HEAD_DIM - t.shape[-1])) if t.shape[-1] < FLEX_MIN_HEAD_DIM else t
                for t in (q, k, v))

@@ -76,8 +76,8 @@ def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
 
 def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
     """Column attention of the columns of ``q`` ``[B, Nh, dkh, H, w]`` and ``v`` ``[B, Nh, dvh, H, w]`` with ``emb``
-    ``[H (x), H (i), dkh]``: ``[B, Nh, dvh, H, w]``."""
-    logits = torch.bmm(_queries_by_row(q), emb.to(q.dtype).transpose(1, 2))  # [H (x), G, H (i)]: q[x] . R[i - x]
+    ``[H (x), H (i), dkh]``, all of one dtype: ``[B, Nh, dvh, H, w]``."""
+    logits = torch.bmm(_queries_by_row(q), emb.transpose(1, 2))  # [H (x), G, H (i)]: q[x] . R[i - x]
     return _to_maps(torch.bmm(_to_columns(v), logits.permute(1, 2, 0)), v)  # [G, dvh, H (x)]
 
 
@@ -118,18 +118,17 @@ class _ChunkedColumns(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, v, emb = ctx.saved_tensors
-        emb_q = emb.to(q.dtype)  # [H (x), H (i), dkh]
+        q, v, emb = ctx.saved_tensors  # [H (x), H (i), dkh] in q's dtype
         with torch.autocast(q.device.type, enabled=False):  # the forward's dtype
             if ctx.step >= q.shape[-1]:
-                dq, dv, demb = _column_grads(q, v, emb_q, grad_out)
-                return dq, dv, demb.to(emb.dtype), None
-            dq, dv, demb = torch.zeros_like(q), torch.zeros_like(v), torch.zeros_like(emb)
+                return (*_column_grads(q, v, emb, grad_out), None)
+            dq, dv = torch.zeros_like(q), torch.zeros_like(v)
+            demb = torch.zeros_like(emb, dtype=torch.promote_types(emb.dtype, torch.float32))
             for s in range(0, q.shape[-1], ctx.step):
                 sl = slice(s, s + ctx.step)
-                dq[..., sl], dv[..., sl], demb_chunk = _column_grads(q[..., sl], v[..., sl], emb_q, grad_out[..., sl])
-                demb += demb_chunk  # summed in the table's dtype
-        return dq, dv, demb, None
+                dq[..., sl], dv[..., sl], demb_chunk = _column_grads(q[..., sl], v[..., sl], emb, grad_out[..., sl])
+                demb += demb_chunk  # the chunks summed in float32, rounded to emb's dtype once
+        return dq, dv, demb.to(emb.dtype), None
 
 
 def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: Optional[int] = None) -> Tensor:
@@ -148,7 +147,8 @@ def column_attention(q: Tensor, v: Tensor, table: Tensor, chunk_logits: Optional
         Tensor: ``[B, Nh, dvh, H, W]``.
     """
     B, Nh, _, H, W = q.shape
-    emb = relative_embeddings(table.to(torch.promote_types(q.dtype, torch.float32)), H)  # [H (x), H (i), dkh]
+    # [H (x), H (i), dkh] in q's dtype; the gather and its gradient's sum in float32
+    emb = relative_embeddings(table.to(torch.promote_types(q.dtype, torch.float32)), H).to(q.dtype)
     if is_capturing_graph():
         return _columns(q, v, emb)
     chunk_logits = chunk_logits or device_policy(q.device).gsa_chunk_logits

@@ -844,7 +844,7 @@ def main():
         commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip()
         settings = {k: v for k, v in vars(args).items() if k != 'json'}
-        settings.update(size=args.size[0], sizes=args.size, inputs=inputs, fake=fake)
+        settings.update(size=args.size[0], sizes=args.size, inputs_hw=inputs, fake=fake)
         with open(args.json, 'w') as f:
             json.dump(dict(benchmark='op_counts', commit=commit, torch=torch.__version__, settings=settings,
                            results_by_batch=results[args.size[0]], results_by_size=results), f, indent=1)

@@ -58,20 +58,27 @@ def content_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return torch.einsum('bnkv,bnkxy->bnvxy', context, q)
 
 
+def axial_layout(q: Tensor) -> Tensor:
+    """``q`` ``[B, Nh, dkh, H, W]`` copied into the memory order ``[H, W, B, Nh, dkh]`` (same shape, a permuted
+    view): the layout content attention and column attention both read without a copy of their own."""
+    return q.permute(3, 4, 0, 1, 2).contiguous().permute(2, 3, 4, 0, 1)
+
+
 def _queries_by_row(q: Tensor) -> Tensor:
-    """The queries ``[B, Nh, dkh, H, w]`` batched over their row: ``[H (x), G, dkh]``, ``G = B * Nh * w`` columns."""
-    return q.permute(3, 0, 1, 4, 2).reshape(q.shape[3], -1, q.shape[2])
+    """The queries ``[B, Nh, dkh, H, w]`` batched over their row: ``[H (x), G, dkh]``, ``G = w * B * Nh`` columns
+    (a view of :func:`axial_layout`'s)."""
+    return q.permute(3, 4, 0, 1, 2).reshape(q.shape[3], -1, q.shape[2])
 
 
 def _to_columns(maps: Tensor) -> Tensor:
-    """Maps ``[B, Nh, d, H, w]`` as columns ``[G, d, H]``, ``G = B * Nh * w``; :func:`_to_maps` undoes it."""
-    return maps.permute(0, 1, 4, 2, 3).flatten(0, 2)
+    """Maps ``[B, Nh, d, H, w]`` as columns ``[G, d, H]``, ``G = w * B * Nh``; :func:`_to_maps` undoes it."""
+    return maps.permute(4, 0, 1, 2, 3).flatten(0, 2)
 
 
 def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
     """Columns ``[G, d, H]`` as maps ``[B, Nh, d, H, w]``, ``B, Nh, H, w`` those of ``like``."""
     B, Nh, _, H, w = like.shape
-    return cols.view(B, Nh, w, -1, H).permute(0, 1, 3, 4, 2)
+    return cols.view(w, B, Nh, -1, H).permute(1, 2, 3, 4, 0)
 
 
 def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
@@ -254,6 +261,8 @@ class GlobalSelfAttention2d(BaseModule):
             q, k, v = self.qkv(x).to(dtype).split([self.key_channels, self.key_channels, self.out_channels], 1)
         shape = (B, self.num_heads, -1, H, W)
         q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)  # [B, Nh, d, H, W]
+        if 'column' in self.components:
+            q = axial_layout(q)  # one copy that content and column attention read
         with torch.autocast(x.device.type, enabled=False):
             out = content_attention(q, k, v) if 'content' in self.components else 0
             pos = v

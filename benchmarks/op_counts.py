@@ -66,6 +66,7 @@ import os.path as osp
 import sys
 import time
 import weakref
+from typing import Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -236,18 +237,21 @@ def _flex_probabilities(q, k, rel_h, rel_w, scale):
 
 
 @torch.library.custom_op('aa_bench::flex_attention', mutates_args=())
-def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor | None,
-                   rel_w: torch.Tensor | None, scale: float) -> torch.Tensor:
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: Optional[torch.Tensor],
+                   rel_w: Optional[torch.Tensor], scale: float) -> torch.Tensor:
     """AA's FlexAttention as one op, ``softmax(scale q k^T + S^H + S^W) v``: the fused Triton kernel CUDA runs,
     its ``score_mod`` adding the relative logits read from ``rel_h`` and ``rel_w`` (:func:`_relative_bias`)."""
     p, _, _ = _flex_probabilities(q, k, rel_h, rel_w, scale)
     return _laid_out([p @ v.float()], [q])[0]
 
 
+#: gradients of q, k, v, rel_h and rel_w
+FlexGrads = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @torch.library.custom_op('aa_bench::flex_attention_backward', mutates_args=())
 def flex_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            rel_h: torch.Tensor | None, rel_w: torch.Tensor | None,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                            rel_h: Optional[torch.Tensor], rel_w: Optional[torch.Tensor], scale: float) -> FlexGrads:
     """Its backward as one op (FlexAttention's kernel takes the gradients of the tensors its ``score_mod``
     reads too): ``dq, dk, dv, drel_h, drel_w`` (the last two empty without relative logits)."""
     p, index_h, index_w = _flex_probabilities(q, k, rel_h, rel_w, scale)

@@ -21,11 +21,12 @@ except ImportError as e:  # torch 2.1: no torch.utils.flop_counter.register_flop
 
 @pytest.mark.parametrize('name', ['AA-ResNet-50', 'GSA-ResNet-50'])
 def test_fake_tensors_count_what_real_tensors_count(name):
-    """At 96x32 (W x H; maps of 6x2 and 3x1 in stages 3 and 4), bf16, CUDA policy: the same ops, FLOPs, ops by
+    """At 96x64 (W x H; maps of 4x6 and 2x3 in stages 3 and 4: no axis of length 1, where meta kernels and
+    the CPU's choose different strides for a size-1 dim), bf16, CUDA policy: the same ops, FLOPs, ops by
     kind and per attention layer on fake as on real tensors (ResNet-50's layers are in both); bytes and peak
     within 0.1% (the meta kernel's batch-norm statistics are in the input's dtype, the CPU's in float32: one
     ``[C]`` vector per norm)."""
-    fake, real = (op_counts.measure(name, (32, 96), 1, dtype=torch.bfloat16, fake=fake) for fake in (True, False))
+    fake, real = (op_counts.measure(name, (64, 96), 1, dtype=torch.bfloat16, fake=fake) for fake in (True, False))
     assert fake['table'] == real['table']
     assert fake['flops'] == real['flops']
     assert fake['layers'] == real['layers']

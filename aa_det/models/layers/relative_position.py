@@ -50,10 +50,7 @@ def offset_index(length: int, M: int, device: torch.device) -> Tensor:
     key = (length, M, device)
     if key not in _OFFSET_INDEX:
         with torch.inference_mode(False):  # a tensor autograd may save (index_select's backward)
-            index = _offset_index(length, M, device)
-        if type(index) is not torch.Tensor:  # a fake tensor (shapes only): not kept
-            return index
-        _OFFSET_INDEX[key] = index
+            _OFFSET_INDEX[key] = _offset_index(length, M, device)
     return _OFFSET_INDEX[key]
 
 

@@ -10,10 +10,7 @@ runs the same recomputation with torch's non-reentrant checkpoint, during which 
 BatchNorm layers normalise by the batch as before but leave their statistics as they are
 (:func:`running_stats_frozen`): outputs, gradients and statistics are those of the same step
 without ``with_cp`` (``tests/test_backbones.py``). A block whose input needs no gradient (after
-frozen stages) is checkpointed too, which the reentrant variant cannot do. On the CPU each
-recomputation first returns the pages of the blocks freed so far to the system
-(:func:`release_freed_heap`), so that the memory ``with_cp`` saves is memory the process gives
-back (docs/design.md, "Memory").
+frozen stages) is checkpointed too, which the reentrant variant cannot do.
 
 Example:
     >>> import torch
@@ -25,7 +22,6 @@ Example:
     >>> int(block.bn1.num_batches_tracked)
     1
 """
-import ctypes
 import functools
 from contextlib import contextmanager, nullcontext
 
@@ -37,7 +33,7 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ['BlockCheckpoint', 'PlainBasicBlock', 'PlainBottleneck', 'release_freed_heap', 'running_stats_frozen']
+__all__ = ['BlockCheckpoint', 'PlainBasicBlock', 'PlainBottleneck', 'running_stats_frozen']
 
 
 @contextmanager
@@ -59,35 +55,10 @@ def running_stats_frozen(module: nn.Module):
             m.momentum, m.num_batches_tracked = momentum, count
 
 
-try:  # glibc's; other C libraries (macOS, musl, Windows) have no such call
-    _malloc_trim = ctypes.CDLL(None).malloc_trim
-except (AttributeError, OSError, TypeError):
-    _malloc_trim = None
-
-
-def release_freed_heap():
-    """Return the pages of the freed blocks of glibc's heap to the system (``malloc_trim(0)``);
-    nothing elsewhere. glibc keeps the blocks freed between live ones resident (mapped for reuse),
-    and a recomputed block allocates maps larger than most of them, which glibc maps anew: without
-    the call GSA-ResNet-50's peak RSS with ``with_cp=True`` holds ~0.5 GiB of such freed blocks."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-@contextmanager
-def _recomputation(module: nn.Module, on_cpu: bool):
-    """The context of ``module``'s recomputation: statistics frozen, and on the CPU the heap's
-    freed pages returned first."""
-    if on_cpu:
-        release_freed_heap()
-    with running_stats_frozen(module):
-        yield
-
-
-def _contexts(module: nn.Module, on_cpu: bool):
+def _contexts(module: nn.Module):
     """``context_fn`` of :func:`torch.utils.checkpoint.checkpoint`: the forward as it is, the
-    recomputation in :func:`_recomputation`."""
-    return nullcontext(), _recomputation(module, on_cpu)
+    recomputation with the statistics of ``module``'s BatchNorm layers frozen."""
+    return nullcontext(), running_stats_frozen(module)
 
 
 class BlockCheckpoint:
@@ -106,7 +77,7 @@ class BlockCheckpoint:
         into its graph only without ``context_fn``, and could not with a GSA or AA layer's
         offset record (:class:`~aa_det.models.layers.TrainedOffsetRange`)."""
         return checkpoint(self._forward_without_cp, x, use_reentrant=False,
-                          context_fn=functools.partial(_contexts, self, x.device.type == 'cpu'))
+                          context_fn=functools.partial(_contexts, self))
 
     def _forward_without_cp(self, x: Tensor) -> Tensor:
         """The block's ``forward`` with its own checkpointing off (mmdet reads ``with_cp``)."""

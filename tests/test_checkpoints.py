@@ -203,6 +203,12 @@ def test_training_stops_on_a_non_finite_loss(tiny_shapes, tmp_path):
     assert not glob.glob(str(tmp_path / '*.pth'))
 
 
+def test_runtime_failures_are_not_config_errors():
+    """A run that goes wrong is a RuntimeError (the tools still print its one line), not a bad input."""
+    for error in (NonFiniteLossError, NonFiniteOutputError):
+        assert issubclass(error, RuntimeError) and not issubclass(error, ConfigError), error.__mro__
+
+
 def test_validation_stops_on_non_finite_features(tiny_shapes, tmp_path):
     """Before: validation of NaN features reported every metric 0 (no boxes) and training went on."""
     runner = build_runner(config(tiny_shapes, tmp_path, **{'train_cfg.val_interval': 1}))

@@ -183,3 +183,28 @@ def test_checkpoint_with_objects_safe_loading_refuses(tool, tiny_shapes, tmp_pat
     assert_refused(out, tool, rf'checkpoint file cannot be loaded: {re.escape(str(ckpt))}: it holds Python objects '
                               r'that safe loading refuses \(GLOBAL argparse.Namespace\); if you trust the file, load it '
                               r'once and save only its state_dict')
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 6), reason="torch.load's safe loading by default needs torch >= 2.6")
+def test_runner_checkpoint_in_a_config_without_our_hooks_names_the_converter(tiny_shapes, tmp_path):
+    """A checkpoint mmengine's Runner wrote without ``SafeCheckpointHook`` (its MessageHub's ``HistoryBuffer``),
+    tested with a config that names none of our checkpoint hooks: our tool's one line names the file and the
+    converter, where torch's error is a page of advice."""
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.logging import HistoryBuffer
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    ckpt = tmp_path / 'runner.pth'
+    torch.save({'state_dict': DET_MODELS.build(Config.fromfile(DEMO).model).state_dict(),
+                'message_hub': {'log_scalars': {'loss': HistoryBuffer([0.5], [1])}}}, ckpt)
+    config = tmp_path / 'without_our_hooks.py'  # the demo with mmdet's default_hooks
+    config.write_text(f"_base_ = [{DEMO!r}]\ndefault_hooks = dict(_delete_=True, timer=dict(type='IterTimerHook'), "
+                      "logger=dict(type='LoggerHook'), param_scheduler=dict(type='ParamSchedulerHook'), "
+                      "checkpoint=dict(type='CheckpointHook', interval=1), sampler_seed=dict(type='DistSamplerSeedHook'), "
+                      "visualization=dict(type='DetVisualizationHook'))\n")
+    out = run('ours/test.py', config, ckpt, '--work-dir', tmp_path / 'work', options=demo_options(tiny_shapes))
+    assert 'CheckpointCheckHook' not in out.stdout + out.stderr, out.stdout[-3000:]
+    assert_refused(out, 'ours/test.py', rf'checkpoint file cannot be loaded: {re.escape(str(ckpt))}: it holds Python '
+                                        r'objects that safe loading refuses \(GLOBAL mmengine.logging.history_buffer.'
+                                        r'HistoryBuffer\); if you trust the file, convert it: python '
+                                        r'tools/convert_checkpoint.py OLD NEW')

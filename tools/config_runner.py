@@ -9,6 +9,7 @@ The checks that protect a run live in what the configs name (the dataset, the me
 ``configs/_base_/default_runtime.py``); :func:`build_runner` adds the ones that must run before the
 model is built (``config_checks.py``).
 """
+import functools
 import gc
 import os.path as osp
 from typing import Optional
@@ -21,7 +22,7 @@ from mmengine.runner import Runner
 
 import config_additions  # noqa: F401  (registers what load_config adds)
 from aa_det.utils.compat import TORCH_VERSION
-from aa_det.utils.errors import ConfigError
+from aa_det.utils.errors import ConfigError, refused_global, unsafe_checkpoint_error
 from config_checks import check_run_config
 
 
@@ -184,14 +185,38 @@ def close_process_group():
     del group  # the last reference: the gloo threads end here
 
 
+def _name_refused_checkpoints(runner: Runner) -> None:
+    """The Runner's ``load_checkpoint`` and ``resume`` (``load_from``, ``--resume``, ``tools/test.py``'s
+    checkpoint) with a checkpoint that torch's safe loading refuses as one :class:`ConfigError` line
+    naming the file and the converter, in a config without ``CheckpointCheckHook`` too (torch's own
+    error: ``Unsupported global: ...HistoryBuffer`` among a page of advice)."""
+    for name in ('load_checkpoint', 'resume'):
+        method = getattr(runner, name)
+
+        @functools.wraps(method)
+        def loads(filename, *args, method=method, **kwargs):
+            try:
+                return method(filename, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001  pickle's UnpicklingError, or torch's own
+                refused = refused_global(e)
+                if refused is None:
+                    raise
+                raise unsafe_checkpoint_error(filename, refused) from None
+
+        setattr(runner, name, loads)
+
+
 def build_runner(cfg: Config, splits=('train', 'val', 'test')) -> Runner:
     """Check what must be checked before the model is built (``config_checks.py``: the backbone's
     settings, the neck's channels, mmpretrain's classification data of ``splits``), then build
     mmengine's Runner (or the config's runner_type). Everything else is checked by what the config
-    names, as under mmdet's own tools."""
+    names, as under mmdet's own tools; a checkpoint the Runner loads that torch's safe loading refuses
+    is one line naming the converter (:func:`_name_refused_checkpoints`)."""
     check_run_config(cfg, splits)
     if cfg.get('launcher') == 'pytorch' and not torch.cuda.is_available() and not dist.is_initialized():
         # mmengine's init_dist calls torch.cuda.set_device, which fails without a GPU; the
         # Runner skips it when a process group exists, so start gloo here (torchrun's env://).
         dist.init_process_group(backend='gloo')
-    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    _name_refused_checkpoints(runner)
+    return runner

@@ -3,7 +3,7 @@
 ``HeadNormCheckHook``, ``CheckpointCheckHook``), ``SafeCheckpointHook`` (checkpoints torch's safe loading
 reads), ``RunChecksHook`` (all of them, for a config of one's own), ``CompileBackboneHook`` and
 ``MergedGroupsOptimWrapperConstructor`` and ``CPUAmpOptimWrapper``."""
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, RunError
 from .checkpoints import CheckpointCheckHook, SafeCheckpointHook
 from .hooks import (CompileBackboneHook, DatasetCheckHook, EarlyNumClassCheckHook, HeadNormCheckHook,
                     NonFiniteLossError, NonFiniteOutputError, StopOnNonFiniteLoss, StopOnNonFiniteOutputs)
@@ -12,4 +12,4 @@ from .run_checks import RunChecksHook
 
 __all__ = ['CheckpointCheckHook', 'CompileBackboneHook', 'ConfigError', 'CPUAmpOptimWrapper', 'DatasetCheckHook', 'EarlyNumClassCheckHook',
            'HeadNormCheckHook', 'MergedGroupsOptimWrapperConstructor', 'NonFiniteLossError', 'NonFiniteOutputError',
-           'RunChecksHook', 'SafeCheckpointHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs']
+           'RunChecksHook', 'RunError', 'SafeCheckpointHook', 'StopOnNonFiniteLoss', 'StopOnNonFiniteOutputs']

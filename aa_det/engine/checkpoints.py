@@ -26,7 +26,7 @@ from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import BaseLoop
 from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, refused_global, unsafe_checkpoint_error
 
 #: keys that may differ when ``load_from`` fine-tunes a detector to other classes: the heads'
 #: classification layers (RetinaNet's ``retina_cls``, FCOS / ATSS's ``conv_cls``, two-stage ``fc_cls``)
@@ -52,14 +52,10 @@ def read_checkpoint(path: str) -> dict:
     try:
         checkpoint = _load_checkpoint(path, map_location='cpu', logger='silent')
     except Exception as e:  # noqa: BLE001  torch raises a different type for every kind of damage
-        unsupported = re.search(r'Unsupported global: (GLOBAL \S+)', str(e))
+        unsupported = refused_global(e)
         if unsupported:
-            runner_types = re.match(r'GLOBAL (mmengine|numpy|builtins\.getattr)', unsupported.group(1))
-            fix = ('convert it: python tools/convert_checkpoint.py IN OUT' if runner_types  # an mmengine Runner's
-                   else 'load it once and save only its state_dict')
-            reason = f'it holds Python objects that safe loading refuses ({unsupported.group(1)}); if you trust the ' \
-                     f'file, {fix}'
-        elif 'zip archive' in str(e) or isinstance(e, EOFError):
+            raise unsafe_checkpoint_error(path, unsupported) from None
+        if 'zip archive' in str(e) or isinstance(e, EOFError):
             reason = 'it is truncated or damaged (an interrupted copy or save?)'
         else:
             reason = f'it is not a PyTorch checkpoint ({type(e).__name__})'

@@ -13,18 +13,18 @@ from mmengine.runner import BaseLoop
 
 from ..datasets.checked_coco import CheckedCocoDataset, check_images
 from ..utils.compat import module_ints_constant
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, RunError
 
 
 def _unwrapped(runner) -> torch.nn.Module:
     return runner.model.module if is_model_wrapper(runner.model) else runner.model
 
 
-class NonFiniteLossError(ConfigError):
+class NonFiniteLossError(RunError):
     """The training loss became NaN or inf; the message says where."""
 
 
-class NonFiniteOutputError(ConfigError):
+class NonFiniteOutputError(RunError):
     """Validation or testing produced NaN or inf features or predictions; the message says where."""
 
 

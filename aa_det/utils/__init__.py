@@ -1,4 +1,4 @@
-"""Helpers every layer may import: ConfigError and torch-release compatibility."""
-from .errors import ConfigError
+"""Helpers every layer may import: the errors of our checks and torch-release compatibility."""
+from .errors import ConfigError, RunError
 
-__all__ = ['ConfigError']
+__all__ = ['ConfigError', 'RunError']

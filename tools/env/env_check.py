@@ -131,11 +131,12 @@ def require_env():
 
 
 def run_cli(main):
-    """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file) or a file that mmengine does
-    not find (``FileNotFoundError``: a ``Pretrained`` checkpoint, ...) exits 2 with one line."""
-    from aa_det.utils import ConfigError
+    """Run a tool's ``main``; a ``ConfigError`` (bad config, missing file), a ``RunError`` (a run stopped
+    on a non-finite loss or output) or a file that mmengine does not find (``FileNotFoundError``: a
+    ``Pretrained`` checkpoint, ...) exits 2 with one line."""
+    from aa_det.utils import ConfigError, RunError
     try:
         main()
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, RunError, FileNotFoundError) as e:
         sys.stderr.write(f'aa_det: {e}\n')
         raise SystemExit(2) from None

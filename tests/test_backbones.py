@@ -1,4 +1,6 @@
-"""AAResNet / GSAResNet: shapes, mmdet ResNet semantics, parameter counts of the papers."""
+"""AAResNet / GSAResNet: shapes, mmdet ResNet semantics, parameter counts of the papers, what they
+say of weights nothing loaded."""
+import re
 
 import pytest
 import torch
@@ -6,6 +8,7 @@ from mmdet.registry import MODELS
 
 import aa_det  # noqa: F401
 from aa_det.models.layers import AAConv2d
+from aa_det.utils.compat import TORCH_VERSION
 
 
 def build(type_, depth, mode=None, **kwargs):
@@ -255,3 +258,82 @@ def test_wide_resnet_runs_and_trains_every_parameter():
     assert all(p.grad is not None for p in net.parameters())
     with pytest.raises(ValueError, match='depth=12'):
         MODELS.build(dict(type='WideResNet', depth=12))
+
+
+def _initialised(tmp_path=None, checkpoint=None, **kwargs):
+    """A small AA-ResNet-18 with mmdet ResNet's defaults (``norm_eval=True``) after ``init_weights``, from
+    ``checkpoint`` (a state dict saved into ``tmp_path``) through ``init_cfg`` Pretrained."""
+    init_cfg = None
+    if checkpoint is not None:
+        path = str(tmp_path / 'pretrained.pth')
+        torch.save(checkpoint, path)
+        init_cfg = dict(type='Pretrained', checkpoint=path, **kwargs.pop('pretrained', {}))
+    model = build('AAResNet', 18, base_channels=16, attention=dict(num_heads=2, min_key_dim_per_head=4),
+                  init_cfg=init_cfg, **kwargs)
+    model.init_weights()
+    return model
+
+
+@pytest.fixture
+def warnings_logged(monkeypatch):
+    """The messages the backbones log as warnings."""
+    from aa_det.models.backbones import unloaded_weights
+    logged = []
+    monkeypatch.setattr(unloaded_weights, 'print_log', lambda msg, logger=None, level=None: logged.append(msg))
+    return logged
+
+
+def test_frozen_weights_nothing_loaded_are_one_warning_and_a_hooks_refusal(warnings_logged):
+    """mmdet's ``frozen_stages=1``, ``norm_eval=True``, nothing loaded: ``train()`` never raises (as
+    ``nn.Module.train``) and warns once, naming the settings and tensors; the hooks' check refuses it."""
+    from aa_det.models.backbones.unloaded_weights import refuse_frozen_unloaded
+    from aa_det.utils import ConfigError
+    model = _initialised(frozen_stages=1)
+    line = (r'model.backbone \(AAResNet\): frozen_stages=1, norm_eval=True freeze \d+ tensors \(0.\d\dM parameters\) '
+            r'at their random initialisation: no init_cfg Pretrained, load_from or resume loaded them \(first: '
+            r'conv1.weight; .*\); to train from scratch set frozen_stages=-1, .*')
+    with pytest.raises(ConfigError, match=f'^{line}$'):
+        refuse_frozen_unloaded(model)
+    model.train()
+    model.train()
+    assert len(warnings_logged) == 1 and re.fullmatch(f'aa_det: {line}', warnings_logged[0]), warnings_logged
+    model = _initialised(frozen_stages=-1, norm_eval=False)
+    refuse_frozen_unloaded(model)
+    model.train()
+    assert len(warnings_logged) == 1
+
+
+def test_classifier_checkpoint_without_its_prefix_names_the_prefix(tmp_path, warnings_logged):
+    """An mmpretrain classifier's checkpoint (``backbone.*``, ``head.*``) in ``init_cfg`` without
+    ``prefix='backbone.'`` loads nothing: the refusal and the warning say so and name the prefix."""
+    from aa_det.models.backbones.unloaded_weights import refuse_frozen_unloaded
+    from aa_det.utils import ConfigError
+    own = _initialised(frozen_stages=-1, norm_eval=False).state_dict()
+    classifier = dict(state_dict={**{f'backbone.{k}': v for k, v in own.items()}, 'head.fc.weight': torch.ones(3, 128)})
+    fix = (r"init_cfg Pretrained \S+pretrained.pth holds them under the key prefix 'backbone.' \(an mmpretrain "
+           r"classifier's keys\), which init_cfg does not strip")
+    with pytest.raises(ConfigError, match=rf'freeze \d+ tensors \(0.\d\dM parameters\) at their random '
+                                          rf"initialisation: {fix} \(first: conv1.weight; .*\); add prefix='backbone.' "
+                                          r'to init_cfg \(docs/detection.md, "Swapping into your own config"\)$'):
+        refuse_frozen_unloaded(_initialised(tmp_path, classifier, frozen_stages=1))
+    _initialised(tmp_path, classifier, frozen_stages=-1, norm_eval=False).train()
+    assert len(warnings_logged) == 1 and re.search(rf"left \d+ tensors .* \({fix}: add prefix='backbone.' to "
+                                                   r'init_cfg; docs/detection.md', warnings_logged[0]), warnings_logged
+    model = _initialised(tmp_path, classifier, frozen_stages=1, pretrained=dict(prefix='backbone.'))
+    refuse_frozen_unloaded(model)
+    model.train()
+    assert len(warnings_logged) == 1
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 6), reason="torch.load's safe loading by default needs torch >= 2.6")
+def test_pretrained_checkpoint_safe_loading_refuses_names_the_converter(tmp_path):
+    """A classifier checkpoint mmengine's Runner wrote without SafeCheckpointHook (its MessageHub's
+    ``HistoryBuffer``): one line naming the file and the converter, not torch's page of advice."""
+    from mmengine.logging import HistoryBuffer
+    from aa_det.utils import ConfigError
+    checkpoint = dict(state_dict={}, message_hub=dict(log_scalars={'loss': HistoryBuffer([0.5], [1])}))
+    with pytest.raises(ConfigError, match=r'^checkpoint file cannot be loaded: \S+pretrained.pth: it holds Python '
+                                          r'objects that safe loading refuses \(GLOBAL mmengine.logging.history_buffer.'
+                                          r'HistoryBuffer\); if you trust the file, convert it: python '
+                                          r'tools/convert_checkpoint.py OLD NEW$'):
+        _initialised(tmp_path, checkpoint, pretrained=dict(prefix='backbone.'))

@@ -185,6 +185,18 @@ def test_checkpoint_with_objects_safe_loading_refuses(tool, tiny_shapes, tmp_pat
                               r'once and save only its state_dict')
 
 
+@pytest.mark.parametrize('tool', TRAIN_TOOLS)
+def test_frozen_backbone_weights_that_nothing_loaded(tool, tiny_shapes, tmp_path):
+    """mmdet ResNet's ``frozen_stages=1`` and ``norm_eval=True`` in our config from scratch: the configs'
+    ``CheckpointCheckHook`` refuses them before the first iteration (the backbone itself only warns)."""
+    out = run(tool, DEMO, '--work-dir', tmp_path / 'work', options=demo_options(
+        tiny_shapes, **ONE_ITER, **{'model.backbone.frozen_stages': 1, 'model.backbone.norm_eval': True}))
+    assert_refused(out, tool, r'model.backbone \(AAResNet\): frozen_stages=1, norm_eval=True freeze \d+ tensors '
+                              r'\(0.\d\dM parameters\) at their random initialisation: no init_cfg Pretrained, '
+                              r'load_from or resume loaded them \(first: conv1.weight; .*')
+    assert not glob.glob(str(tmp_path / 'work' / '*.pth'))
+
+
 @pytest.mark.skipif(TORCH_VERSION < (2, 6), reason="torch.load's safe loading by default needs torch >= 2.6")
 def test_runner_checkpoint_in_a_config_without_our_hooks_names_the_converter(tiny_shapes, tmp_path):
     """A checkpoint mmengine's Runner wrote without ``SafeCheckpointHook`` (its MessageHub's ``HistoryBuffer``),

@@ -4,9 +4,10 @@
 * The README's swap snippets (from scratch, from our ImageNet checkpoint), exactly as written there, on
   mmdet's ``retinanet_r50_fpn_1x_coco.py`` and ``faster-rcnn_r50_fpn_1x_coco.py``, train what they say:
   every backbone BatchNorm trains from scratch; the checkpoint loads every weight.
-* The one-line swap of ``type`` alone (mmdet's ``frozen_stages=1``, ``norm_eval=True`` kept) is refused
-  before the first iteration from scratch, is not with a whole-detector ``load_from``; a ResNet checkpoint
-  in an AA-ResNet is a warning naming the attention weights it left.
+* The one-line swap of ``type`` alone (mmdet's ``frozen_stages=1``, ``norm_eval=True`` kept) from scratch is
+  refused before the first iteration with ``RunChecksHook``, warned without it, and neither with a
+  whole-detector ``load_from``; a ResNet checkpoint in an AA-ResNet is a warning naming the attention weights
+  it left.
 * The checkpoints load through ``init_detector``, ``inference_detector``, ``DetInferencer``, mmdet's
   ``tools/test.py`` and ``--resume`` under torch's safe loading, with nothing allowed.
 * ``RunChecksHook`` (the snippets' ``custom_hooks``) gives such a config our checks: a wrong
@@ -143,14 +144,29 @@ model = dict(backbone=dict(type='AAResNet', init_cfg=None))
 '''
 
 
-def test_one_line_swap_from_scratch_is_refused_before_training(tiny_shapes, tmp_path):
-    """mmdet's frozen_stages=1 and norm_eval=True, nothing loaded: before, it trained to the end with the stem
-    and stage 1 random and every BatchNorm at mean 0, variance 1."""
-    out, stderr = train(user_config(tmp_path, ONE_LINE_SWAP, RETINANET, tiny_shapes), RETINANET, tmp_path / 'work')
+RUN_CHECKS = "custom_hooks = [dict(type='RunChecksHook')]\n"
+
+
+def test_one_line_swap_from_scratch_is_refused_before_training_by_run_checks_hook(tiny_shapes, tmp_path):
+    """mmdet's frozen_stages=1 and norm_eval=True, nothing loaded, with the README's ``RunChecksHook``: one line
+    before the first iteration (the stem and stage 1 would stay random, every BatchNorm at mean 0, variance 1)."""
+    config = user_config(tmp_path, ONE_LINE_SWAP + RUN_CHECKS, RETINANET, tiny_shapes)
+    out, stderr = train(config, RETINANET, tmp_path / 'work')
     assert_refused(out, stderr, r'model.backbone \(AAResNet\): frozen_stages=1, norm_eval=True freeze \d+ tensors '
-                                r'\(0.\d\dM parameters\) at their random initialisation, which no init_cfg Pretrained, '
-                                r'load_from or resume loaded \(first: conv1.weight; .*')
+                                r'\(0.\d\dM parameters\) at their random initialisation: no init_cfg Pretrained, '
+                                r'load_from or resume loaded them \(first: conv1.weight; .*')
     assert 'Epoch(train)' not in stderr and not glob.glob(str(tmp_path / 'work' / '*.pth'))
+
+
+@pytest.mark.slow
+def test_one_line_swap_from_scratch_without_our_hooks_is_warned(tiny_shapes, tmp_path):
+    """The same swap without ``RunChecksHook``: the backbone's ``train()`` does not raise; one warning before
+    the first iteration names what stays random."""
+    out, stderr = train(user_config(tmp_path, ONE_LINE_SWAP, RETINANET, tiny_shapes), RETINANET, tmp_path / 'work')
+    assert out.returncode == 0, stderr[-3000:]
+    warnings = re.findall(r'WARNING - aa_det: model.backbone \(AAResNet\): frozen_stages=1, norm_eval=True freeze '
+                          r'\d+ tensors .*', out.stdout)
+    assert len(warnings) == 1 and out.stdout.index(warnings[0]) < out.stdout.index('Epoch(train)'), out.stdout[-3000:]
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import BaseLoop
 from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
 
+from ..models.backbones.unloaded_weights import refuse_frozen_unloaded
 from ..utils.errors import ConfigError, refused_global, unsafe_checkpoint_error
 
 #: keys that may differ when ``load_from`` fine-tunes a detector to other classes: the heads'
@@ -128,9 +129,16 @@ class CheckpointCheckHook(Hook):
     (:func:`read_checkpoint`) and must fit the model: exactly for ``resume`` and testing, up to
     :data:`FINE_TUNE_KEYS` (logged) for ``load_from`` in training, anything with ``partial_load=True``
     (``--partial-load``: mmengine loads what fits). ``resume`` with no checkpoint in the work dir says so
-    in one line and starts from scratch, as mmengine does."""
+    in one line and starts from scratch, as mmengine does. In ``before_train`` (every load done, no
+    iteration run) a backbone's frozen weights that nothing loaded are refused in one line
+    (:func:`~aa_det.models.backbones.unloaded_weights.refuse_frozen_unloaded`; the backbone alone only
+    warns)."""
 
     priority = 'VERY_HIGH'
+
+    def before_train(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        refuse_frozen_unloaded(model)
 
     def before_run(self, runner) -> None:
         path, resume = runner._load_from, bool(runner._resume)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 from mmdet.models.backbones.resnet import BasicBlock, Bottleneck, ResNet
 from mmdet.registry import MODELS
 
+from ...utils.errors import refused_global, unsafe_checkpoint_error
 from ..blocks import AttentionBasicBlock, AttentionBottleneck, PlainBasicBlock, PlainBottleneck
 from .unloaded_weights import UnloadedWeights
 
@@ -137,19 +138,32 @@ class AttentionResNet(ResNet):
         return super().make_res_layer(**kwargs)
 
     def init_weights(self):
-        """mmdet's; the weights it leaves unloaded are checked when training starts (:meth:`train`)."""
+        """mmdet's; from here on the loads into the backbone are watched, for what nothing loads
+        (:mod:`.unloaded_weights`). A ``Pretrained`` checkpoint that torch's safe loading refuses
+        (mmengine's ``HistoryBuffer``, written without ``SafeCheckpointHook``) is one line naming the
+        converter."""
         unloaded = None if self.is_init else UnloadedWeights(self)  # watches the loads from now on
-        super().init_weights()
+        try:
+            super().init_weights()
+        except Exception as e:  # noqa: BLE001  torch raises pickle's UnpicklingError, or its own
+            refused = refused_global(e)
+            if unloaded is not None:
+                unloaded.stop()
+            if refused is None:
+                raise
+            path = ', '.join(unloaded.checkpoints) if unloaded and unloaded.checkpoints else 'init_cfg Pretrained'
+            raise unsafe_checkpoint_error(path, refused) from None
         if unloaded is not None:
             self._unloaded = unloaded
 
     def train(self, mode: bool = True):
-        """mmdet's (frozen stages, ``norm_eval``); the first time training starts after ``init_weights``,
-        after any ``load_from`` or ``resume``, frozen weights that nothing loaded are a ``ConfigError`` and
-        weights a ``Pretrained`` checkpoint left at their initialisation a warning
-        (:mod:`.unloaded_weights`)."""
+        """mmdet's (frozen stages, ``norm_eval``). The first time training starts after
+        ``init_weights`` (after any ``load_from`` or ``resume``), frozen weights that nothing loaded and
+        weights a ``Pretrained`` checkpoint left at their initialisation are each one warning
+        (:mod:`.unloaded_weights`); the hooks our configs name refuse the former before the first
+        iteration."""
         super().train(mode)
-        unloaded = getattr(self, '_unloaded', None)
+        unloaded = self.__dict__.get('_unloaded')
         if mode and unloaded is not None:
             self._unloaded = None
-            unloaded.check(self)
+            unloaded.warn(self)

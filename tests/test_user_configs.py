@@ -10,8 +10,8 @@
   it left.
 * The checkpoints load through ``init_detector``, ``inference_detector``, ``DetInferencer``, mmdet's
   ``tools/test.py`` and ``--resume`` under torch's safe loading, with nothing allowed.
-* ``RunChecksHook`` (the snippets' ``custom_hooks``) gives such a config our checks: a wrong
-  ``num_classes`` is refused before training.
+* ``RunChecksHook`` (the snippets' ``custom_hooks``) gives such a config our checks, each at its own
+  priority: a wrong ``num_classes`` is refused before training.
 
 Each config trains one epoch of 2 iterations on the tiny shapes set at 96 px (the data lines are the
 test's, appended to the user's config).
@@ -228,3 +228,42 @@ def test_run_checks_hook_refuses_wrong_num_classes_in_a_users_config(tiny_shapes
                    r'train_dataloader.dataset: The `num_classes` \(80\) in RetinaHead of RetinaNet does not matches '
                    r'the length of `classes` 3\) in CocoDataset; .*')
     assert not glob.glob(str(tmp_path / 'work' / '*.pth'))
+
+
+def test_run_checks_hook_runs_each_check_at_its_own_priority(tmp_path):
+    """``RunChecksHook`` puts each of its hooks into the Runner at the hook's priority: the checkpoint is written
+    with safe types after every other hook has added to it (here one that adds a numpy value, as a user's hook
+    may), so torch's safe loading reads it; a second ``before_run`` adds nothing."""
+    import numpy as np
+    from mmengine.hooks import Hook
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner, get_priority
+
+    import aa_det  # noqa: F401
+
+    class Toy(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, *args, mode='tensor', **kwargs):
+            return self.weight
+
+    class AddsNumpy(Hook):
+        def before_save_checkpoint(self, runner, checkpoint):
+            checkpoint['meta']['scale'] = np.float64(0.5)
+
+    runner = Runner(model=Toy(), work_dir=str(tmp_path), default_scope='mmdet',
+                    custom_hooks=[dict(type='RunChecksHook'), AddsNumpy()])
+    runner.call_hook('before_run')
+    runner.call_hook('before_run')
+    names = [type(hook).__name__ for hook in runner.hooks]
+    assert names.count('SafeCheckpointHook') == 1 and names[-1] == 'SafeCheckpointHook', names
+    assert {'CheckpointCheckHook', 'EarlyNumClassCheckHook', 'DatasetCheckHook', 'StopOnNonFiniteLoss',
+            'StopOnNonFiniteOutputs', 'HeadNormCheckHook'} <= set(names)
+    priorities = [get_priority(hook.priority) for hook in runner.hooks]
+    assert priorities == sorted(priorities), list(zip(names, priorities))
+    checkpoint = dict(meta=dict(), state_dict=runner.model.state_dict(), message_hub=runner.message_hub.state_dict())
+    runner.call_hook('before_save_checkpoint', checkpoint=checkpoint)
+    torch.save(checkpoint, tmp_path / 'checkpoint.pth')
+    assert safe_load(tmp_path / 'checkpoint.pth')['meta']['scale'] == 0.5

@@ -8,38 +8,38 @@ base (mmengine refuses a key two bases define). One line does it::
 """
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
-from mmengine.runner import get_priority
 
 from .checkpoints import CheckpointCheckHook, SafeCheckpointHook
 from .hooks import (DatasetCheckHook, EarlyNumClassCheckHook, HeadNormCheckHook, StopOnNonFiniteLoss,
                     StopOnNonFiniteOutputs)
 
 
-def _run_each(stage: str):
-    """A hook method running ``stage`` of each of ``self.hooks``."""
-    def run(self, runner, *args, **kwargs):
-        for hook in self.hooks:
-            getattr(hook, stage)(runner, *args, **kwargs)
-    run.__name__ = stage
-    return run
-
-
 @HOOKS.register_module()
 class RunChecksHook(Hook):
-    """The checks our configs run, in the order of their own priorities: the checkpoint a run loads
+    """The checks our configs run: the checkpoint a run loads and the backbone weights nothing loaded
     (:class:`CheckpointCheckHook`), the classes (:class:`EarlyNumClassCheckHook`) and images
     (:class:`DatasetCheckHook`) of every dataset, before training; non-finite losses
     (:class:`StopOnNonFiniteLoss`) and outputs (:class:`StopOnNonFiniteOutputs`); the head's shared
     BatchNorms (:class:`HeadNormCheckHook`); checkpoints written with torch's safe types
-    (:class:`SafeCheckpointHook`). Each stage of this hook runs each hook's stage in turn."""
+    (:class:`SafeCheckpointHook`).
 
-    priority = 'VERY_HIGH'
+    In ``before_run``, the first stage of a run, it registers each of these hooks with the Runner at
+    the hook's own priority, so each stage runs them where a config naming them would: the ones after
+    this hook (all of them at its default priority, ``HIGHEST``) in this same ``before_run``, any
+    placed before it at once. The Runner holds them from then on; this hook does nothing else.
+    """
+
+    priority = 'HIGHEST'
 
     def __init__(self) -> None:
-        hooks = [CheckpointCheckHook(), EarlyNumClassCheckHook(), DatasetCheckHook(), StopOnNonFiniteLoss(),
-                 StopOnNonFiniteOutputs(), HeadNormCheckHook(), SafeCheckpointHook()]
-        self.hooks = sorted(hooks, key=lambda hook: get_priority(hook.priority))
+        self.hooks = [CheckpointCheckHook(), EarlyNumClassCheckHook(), DatasetCheckHook(), StopOnNonFiniteLoss(),
+                      StopOnNonFiniteOutputs(), HeadNormCheckHook(), SafeCheckpointHook()]
 
-
-for _stage in Hook.stages:
-    setattr(RunChecksHook, _stage, _run_each(_stage))
+    def before_run(self, runner) -> None:
+        new = [hook for hook in self.hooks if not any(hook is held for held in runner.hooks)]
+        for hook in new:
+            runner.register_hook(hook)
+        position = next(i for i, held in enumerate(runner.hooks) if held is self)
+        for hook in runner.hooks[:position]:  # a priority above this hook's: missed this stage
+            if any(hook is each for each in new):
+                hook.before_run(runner)

@@ -368,15 +368,16 @@ def _requirement_lines(path):
 
 
 def test_every_tested_stack_pins_mmpretrain_with_the_module_it_imports():
-    """The classification configs are mmpretrain configs: mmpretrain is a runtime requirement, pinned in
-    each tested stack and in this venv; so is ``model-index``, which provides the ``modelindex`` module
-    mmpretrain imports (the ``modelindex`` 0.0.2 it declares is an empty wheel)."""
+    """The classification configs are mmpretrain configs: mmpretrain is the ``cls`` extra's requirement
+    (which the ``tests`` extra the script installs includes), pinned in each tested stack and in this
+    venv; so is ``model-index``, which provides the ``modelindex`` module mmpretrain imports (the
+    ``modelindex`` 0.0.2 it declares is an empty wheel)."""
     from importlib.metadata import version
 
     from packaging.requirements import Requirement
-    runtime = {Requirement(line).name: Requirement(line) for line in
-               _requirement_lines(osp.join(ROOT, 'requirements', 'runtime.txt'))}
-    assert runtime['mmpretrain'].specifier.contains('1.2.0') and 'model-index' in runtime
+    cls = {Requirement(line).name: Requirement(line) for line in
+           _requirement_lines(osp.join(ROOT, 'requirements', 'cls.txt'))}
+    assert cls['mmpretrain'].specifier.contains('1.2.0') and 'model-index' in cls
     for path in glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')):
         pins = dict(line.split('==') for line in _requirement_lines(path) if '==' in line)
         assert (pins.get('mmpretrain'), pins.get('model-index')) == ('1.2.0', '0.1.11'), path

@@ -30,19 +30,18 @@ def run(python, *args, options=None, cwd=ROOT):
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=cwd)
 
 
-def test_versions_outside_the_supported_range_are_one_line(tmp_path, capsys, monkeypatch):
-    """env_check reads requirements/runtime.txt: a range the installed torch misses is one
-    ``aa_det:`` line naming the version found and the range; AA_DET_ALLOW_UNSUPPORTED=1 warns."""
+def test_versions_outside_the_supported_range_are_one_line(capsys, monkeypatch):
+    """env_check reads the installed aa_det's SUPPORTED_VERSIONS: a range the installed mmdet misses
+    is one ``aa_det:`` line naming the version found and the range; AA_DET_ALLOW_UNSUPPORTED=1 warns."""
     env_check.check_versions()  # the running stack is supported
-    runtime = tmp_path / 'runtime.txt'
-    runtime.write_text('torch>=2.1,<2.15\nmmdet>=9.0  # a range nobody has\n')
+    supported = ('torch>=2.1,<2.15', 'mmdet>=9.0')  # a range nobody has
     with pytest.raises(SystemExit) as e:
-        env_check.check_versions(str(runtime))
+        env_check.check_versions(supported)
     assert e.value.code == 2
     first = capsys.readouterr().err.splitlines()[0]
     assert re.match(r'aa_det: mmdet 3\.3\.\d+ is outside the supported range >=9\.0 ', first), first
     monkeypatch.setenv('AA_DET_ALLOW_UNSUPPORTED', '1')
-    env_check.check_versions(str(runtime))
+    env_check.check_versions(supported)
     assert capsys.readouterr().err.startswith('aa_det: warning: mmdet 3.3')
 
 

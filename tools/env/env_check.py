@@ -62,40 +62,54 @@ def _check_cuda_ops():
              'for TORCH_CUDA_ARCH_LIST).')
 
 
-RUNTIME = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       'requirements', 'runtime.txt')
-CHECKED = ('torch', 'torchvision', 'mmcv', 'mmengine', 'mmdet')
+def supported_versions():
+    """``SUPPORTED_VERSIONS`` of the installed aa_det (aa_det/version.py), read
+    without importing aa_det, which imports the stack this checks; None where
+    aa_det is not installed (``require_env`` then reports its import)."""
+    import importlib.util
+    spec = importlib.util.find_spec('aa_det')
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], 'version.py')
+    namespace = {}
+    with open(path) as f:
+        exec(compile(f.read(), path, 'exec'), namespace)
+    return namespace['SUPPORTED_VERSIONS']
 
 
-def check_versions(runtime=RUNTIME):
-    """torch, torchvision, mmcv, mmengine and mmdet lie in the ranges of ``requirements/runtime.txt``
-    (the ones setup.py declares), and numpy is 1.x under a torch built before NumPy 2 (torch < 2.4);
-    otherwise exit 2 with one line naming the package, the version found and the range.
-    ``AA_DET_ALLOW_UNSUPPORTED=1`` turns that line into a warning and goes on."""
+def check_versions(supported=None):
+    """The installed packages lie in the ranges of ``supported``
+    (requirement strings; default: the installed aa_det's
+    ``SUPPORTED_VERSIONS``: torch, torchvision, mmcv, mmengine, mmdet), and
+    numpy is 1.x under a torch built before NumPy 2 (torch < 2.4); otherwise
+    exit 2 with one line naming the package, the version found and the
+    range. ``AA_DET_ALLOW_UNSUPPORTED=1`` turns that line into a warning and
+    goes on."""
     from importlib.metadata import PackageNotFoundError, version
 
     from packaging.requirements import Requirement
     from packaging.version import Version
+    if supported is None:
+        supported = supported_versions() or ()
     problems = []
-    with open(runtime) as f:
-        for line in f:
-            line = line.split('#')[0].strip()
-            if not line or Requirement(line).name not in CHECKED:
-                continue
-            req = Requirement(line)
-            try:
-                found = version(req.name)
-            except PackageNotFoundError:
-                continue  # an import failure, reported by require_env
-            if not req.specifier.contains(found, prereleases=True):
-                problems.append(f'{req.name} {found} is outside the supported range {req.specifier}')
+    for line in supported:
+        req = Requirement(line)
+        try:
+            found = version(req.name)
+        except PackageNotFoundError:
+            continue  # an import failure, reported by require_env
+        if not req.specifier.contains(found, prereleases=True):
+            problems.append(f'{req.name} {found} is outside the supported '
+                            f'range {req.specifier}')
     torch_ver, numpy_ver = Version(version('torch')), Version(version('numpy'))
     if torch_ver.release[:2] < (2, 4) and numpy_ver.major >= 2:
         problems.append(f'numpy {numpy_ver} with torch {torch_ver}: torch < 2.4 was built against NumPy 1.x, '
                         'install numpy<2')
     if not problems:
         return
-    message = '; '.join(problems) + f' (requirements/runtime.txt; tested stacks: requirements/constraints*.txt)'
+    message = '; '.join(problems) + (
+        ' (aa_det/version.py SUPPORTED_VERSIONS; tested stacks: '
+        'requirements/constraints*.txt)')
     if os.environ.get('AA_DET_ALLOW_UNSUPPORTED') == '1':
         sys.stderr.write(f'aa_det: warning: {message}\n')
         return

@@ -3,6 +3,13 @@
 Scenes of filled circles, squares and triangles of random size, colour and
 position on a textured background; boxes are exact (the shapes' extents).
 
+From the command line (a checkout's demo/ or an installed package's
+``aa_det/.mim/demo/``), the data the demo configs read, under the current
+directory:
+
+    python synthetic_shapes.py           # data/shapes/ (the detection demo's)
+    python synthetic_shapes.py --cls     # data/shapes_cls/ (the classifier's)
+
 Example:
     >>> import tempfile
     >>> root = tempfile.mkdtemp()
@@ -162,3 +169,25 @@ def generate_shapes_folder(root: str, num_per_class: int = 120, num_val_per_clas
     with open(marker, 'w') as f:
         json.dump(settings, f)
     return paths
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(
+        description="Write the demo configs' generated shapes data set")
+    parser.add_argument('root', nargs='?', help='where (default: data/shapes, '
+                        'or data/shapes_cls with --cls)')
+    parser.add_argument('--cls', action='store_true',
+                        help="the classification demo's folder layout")
+    args = parser.parse_args(argv)
+    if args.cls:
+        root = args.root or osp.join('data', 'shapes_cls')
+        paths = generate_shapes_folder(root)
+    else:
+        paths = generate_shapes_coco(args.root or osp.join('data', 'shapes'))
+    for split, path in paths.items():
+        print(f'{split}: {path}')
+
+
+if __name__ == '__main__':
+    main()

@@ -291,3 +291,59 @@ def test_demo_model_parameters_in_the_docs_are_the_models():
     config = osp.join(ROOT, 'configs', 'retinanet', 'retinanet_aa-r18-scratch_fpn_1xb8-ms-12e_shapes.py')
     model = MODELS.build(Config.fromfile(config).model)
     assert figure and figure.group(1) == f'{sum(p.numel() for p in model.parameters()) / 1e6:.3f}'
+
+
+def _doc_spans(page: str, *starts: str):
+    """The code spans of ``page`` (joined across lines) that begin with one of ``starts``."""
+    with open(osp.join(ROOT, page), encoding='utf-8') as f:
+        text = re.sub(r'^```.*?^```', '', f.read(), flags=re.DOTALL | re.MULTILINE)  # code blocks
+    spans = [re.sub(r'\s*\n\s*', ' ', span) for span in re.findall(r'`([^`]+)`', text)]
+    return [span for span in spans if span.startswith(starts)]
+
+
+def _span_pattern(span: str) -> str:
+    """A docs span as a pattern: ``...`` (abridged) matches anything, ``FILE`` a path."""
+    return '.*'.join(re.escape(part).replace('FILE', r'\S+') for part in span.split('...'))
+
+
+def test_backbone_messages_in_the_docs_are_what_the_backbones_print(tmp_path, monkeypatch):
+    """docs/detection.md's lines of the backbones' check of weights nothing loaded, each what AA-ResNet-50
+    with mmdet ResNet-50's settings (``frozen_stages=1``, ``norm_eval=True``) prints: nothing loaded (the
+    hooks' refusal, the backbone's warning), a ResNet-50 checkpoint (torchvision's keys; docs: its URL) and an
+    mmpretrain classifier's checkpoint without ``prefix='backbone.'``."""
+    import torch
+    from mmdet.registry import MODELS
+
+    import aa_det  # noqa: F401
+    from aa_det.models.backbones import unloaded_weights
+    logged = []
+    monkeypatch.setattr(unloaded_weights, 'print_log', lambda msg, logger=None, level=None: logged.append(msg))
+
+    def backbone(type_='AAResNet', checkpoint=None):
+        init_cfg = dict(type='Pretrained', checkpoint=str(checkpoint)) if checkpoint else None
+        model = MODELS.build(dict(type=type_, depth=50, frozen_stages=1, norm_eval=True, init_cfg=init_cfg))
+        model.init_weights()
+        return model
+
+    def refusal(model):
+        with pytest.raises(aa_det.utils.ConfigError) as error:
+            unloaded_weights.refuse_frozen_unloaded(model)
+        return str(error.value)
+
+    scratch = backbone()
+    printed = [refusal(scratch)]
+    scratch.train()
+    torch.save(dict(state_dict={f'backbone.{k}': v for k, v in scratch.state_dict().items()}), tmp_path / 'cls.pth')
+    printed.append(refusal(backbone(checkpoint=tmp_path / 'cls.pth')))
+    torch.save(dict(state_dict=backbone('ResNet').state_dict()), tmp_path / 'resnet50.pth')
+    backbone(checkpoint=tmp_path / 'resnet50.pth').train()
+    printed += [line.replace(str(tmp_path / 'resnet50.pth'), 'torchvision://resnet50') for line in logged]
+    assert len(printed) == 4, printed
+    spans = _doc_spans('docs/detection.md', 'aa_det: model.backbone (AAResNet): frozen_stages',
+                       'aa_det: model.backbone (AAResNet): init_cfg Pretrained', 'model.backbone (AAResNet): frozen_stages',
+                       '... at their random initialisation: init_cfg Pretrained')
+    assert len(set(spans)) == 4, spans
+    for span in spans:
+        assert any(re.fullmatch(_span_pattern(span), line) for line in printed), (span, printed)
+    for line in printed:
+        assert any(re.fullmatch(_span_pattern(span), line) for span in spans), (line, spans)

@@ -1,11 +1,11 @@
 """Rewrite a trusted mmengine checkpoint that torch's safe loading refuses into one it reads.
 
-    .venv/bin/python tools/convert_checkpoint.py IN.pth OUT.pth
+    .venv/bin/python tools/convert_checkpoint.py OLD.pth NEW.pth
 
 mmengine 0.10.7's Runner writes its MessageHub as ``HistoryBuffer`` objects holding numpy arrays, which
 ``torch.load(weights_only=True)`` (torch >= 2.6's default) refuses: ``Unsupported global:
 ...HistoryBuffer``. Our configs write checkpoints without them (``SafeCheckpointHook``); a checkpoint of
-another config, or of ours before that hook, is converted here once: ``IN`` is loaded with exactly the
+another config is converted here once: ``OLD`` is loaded with exactly the
 types mmengine's Runner writes allowed (a file holding anything else is refused), and saved with the
 same plain types the hook writes (``aa_det.engine.checkpoints.to_safe_types``). The result loads in
 mmdet's ``init_detector`` / ``DetInferencer`` / ``tools/test.py``, ``load_from``, mmpretrain's

@@ -53,10 +53,11 @@ def _write_exe(path, text):
 
 
 def _key(index_url=''):
-    """The script's stamp key (mirrors its KEY line: constraints, setup.py, runtime.txt, the script,
-    index url)."""
+    """The script's stamp key (mirrors its KEY line: constraints, setup.py, the requirement files of
+    its install, the script, index url)."""
     h = hashlib.sha256()
-    for p in (CONSTRAINTS, osp.join(ROOT, 'setup.py'), osp.join(ROOT, 'requirements', 'runtime.txt'), SCRIPT):
+    reqs = [osp.join(ROOT, 'requirements', f'{name}.txt') for name in ('runtime', 'mminstall', 'cls', 'vis', 'tests')]
+    for p in (CONSTRAINTS, osp.join(ROOT, 'setup.py'), *reqs, SCRIPT):
         with open(p, 'rb') as f:
             h.update(f.read())
     h.update(index_url.encode() + b'\n')

@@ -50,7 +50,9 @@ case "$FLAVOR_WANTED" in auto | cpu | cuda) ;; *) die "AA_DET_FLAVOR must be aut
 MMCV_VER=$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")
 [ -n "$MMCV_VER" ] || die "no 'mmcv==X' pin in $CONSTRAINTS"
 TORCH_PIN=$(sed -n 's/^torch==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS")   # empty: torch not pinned
-KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "$ROOT/requirements/runtime.txt" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
+# the requirement files setup.py reads for the install below (its tests extra)
+REQS=("$ROOT"/requirements/{runtime,mminstall,cls,vis,tests}.txt)
+KEY=$({ cat "$CONSTRAINTS" "$ROOT/setup.py" "${REQS[@]}" "${BASH_SOURCE[0]}"; echo "$TORCH_INDEX"; } | sha256sum | cut -c1-16)
 STAMP="$VENV/.aa_det_env"   # "<KEY> <flavour> <arch>", then "wheel=<cached wheel dir>", "constraints=<file>"
 PY_TAG=                     # set by read_venv
 
@@ -281,8 +283,9 @@ fi
 say "installing mmcv (cached wheel, $FLAVOR), mmengine, mmdet, mmpretrain (with model-index), pycocotools and aa_det"
 # --force-reinstall: pip keeps an installed mmcv of the same version, even of another flavour
 "${PIP[@]}" install "${PIN[@]}" --force-reinstall --no-deps "$WHEELS"/mmcv-*.whl
-# requirements/runtime.txt brings mmpretrain and model-index: mmpretrain declares `modelindex`, an
-# empty wheel on PyPI; model-index provides the `modelindex` module it imports
+# the tests extra: mmengine and mmdet (mminstall.txt), mmpretrain and model-index (cls.txt: mmpretrain
+# declares `modelindex`, an empty wheel on PyPI; model-index provides the module it imports),
+# matplotlib and tensorboard (vis.txt), and the test tools
 "${PIP[@]}" install "${PIN[@]}" --no-build-isolation -e "$ROOT[tests]"
 "$VENV/bin/python" -c 'import mmcv.ops, mmdet, mmpretrain, aa_det' || { say "import check failed"; exit 1; }
 printf '%s\nwheel=%s\nconstraints=%s\n' "$KEY $FLAVOR $ARCH" "$WHEELS" "$CONSTRAINTS" >"$STAMP"

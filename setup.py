@@ -104,7 +104,6 @@ if __name__ == '__main__':
         include_package_data=True,  # aa_det/.mim, as MANIFEST.in lists it
         classifiers=[
             'Development Status :: 4 - Beta',
-            'License :: OSI Approved :: Apache Software License',
             'Operating System :: OS Independent',
             'Programming Language :: Python :: 3',
         ],

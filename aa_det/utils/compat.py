@@ -1,7 +1,7 @@
 """The torch APIs that differ between the supported releases, in one place.
 
 aa_det supports torch 2.1 (the newest release with prebuilt mmcv 2.1.0 wheels, what
-``mim install`` gives mmdet 3.3 users) up to the pinned 2.14 (``requirements/runtime.txt``
+``mim install`` gives mmdet 3.3 users) up to the pinned 2.14 (``aa_det/version.py``
 holds the ranges). Every call whose signature or existence depends on the torch release
 goes through this module; each branch says which releases take it.
 

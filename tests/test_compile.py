@@ -117,7 +117,6 @@ def test_compile_hooks_trace_module_ints_as_constants(kind, hook):
     backbone's first trace took over 590 s instead of 72 s on 2.4.1)."""
     from types import SimpleNamespace
 
-    import config_additions
     from aa_det.engine import hooks
     torch._dynamo.reset()
     inputs = []
@@ -133,7 +132,7 @@ def test_compile_hooks_trace_module_ints_as_constants(kind, hook):
         step = runner.model.backbone
     else:  # as the Runner's _maybe_compile('train_step') leaves it
         runner.model.train_step = torch.compile(layer.forward, backend=backend, dynamic=True)
-        config_additions.StaticModuleIntsHook().before_train(runner)
+        hooks.StaticModuleIntsHook().before_train(runner)
         step = runner.model.train_step
     step(torch.randn(2, 16, 12, 10))
     assert any(name == 'l_x_' for name, _ in inputs)  # the layer's forward was compiled

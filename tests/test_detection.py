@@ -248,7 +248,7 @@ def test_eager_data_preprocessor_hook_keeps_the_preprocessor_out_of_dynamo(tiny_
     """The Runner that ``load_config`` + ``build_runner`` make with ``compile`` set preprocesses a
     jittered batch under ``torch.compile`` (torch 2.1's dynamo stopped in mmengine's
     ``stack_batch`` there), with the same result as eagerly."""
-    from config_additions import EagerDataPreprocessorHook
+    from aa_det.engine import EagerDataPreprocessorHook
     cfg = load_config(DEMO, work_dir=str(tmp_path),
                       cfg_options=demo_options(tiny_shapes, **{'compile': True, 'train_dataloader.batch_size': 4}))
     runner = build_runner(cfg)

@@ -13,6 +13,8 @@ import os
 import os.path as osp
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -121,6 +123,70 @@ def test_compile_option_builds_plain_groups_and_foreach_sgd(tiny_shapes, tmp_pat
     assert optimizer.param_groups and all(type(group) is dict for group in optimizer.param_groups)
     if TORCH_VERSION < (2, 4):  # the installed torch (test_detection.py sets both versions)
         assert cfg.compile == dict(dynamic=False)
+
+
+def test_a_config_without_custom_imports_is_refused_as_in_mmdet(tmp_path):
+    """A config naming our types without ``custom_imports`` importing aa_det
+    is refused by our tools in one line naming ``custom_imports`` (our
+    tools import aa_det themselves: it would train here), as mmdet's tools
+    refuse it (test below)."""
+    path = tmp_path / 'no_imports.py'
+    path.write_text(f'_base_ = {DEMO!r}\ncustom_imports = None\n')
+    cfg = load_config(str(path), work_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=(
+            r"no_imports.py names \w+, which `import aa_det` registers: add "
+            r"custom_imports=dict\(imports=\['aa_det'\], ")):
+        build_runner(cfg)
+    custom = tmp_path / 'custom.py'  # a module of aa_det's is enough
+    custom.write_text(f'_base_ = {DEMO!r}\n'
+                      "custom_imports = dict(imports=['aa_det.models'])\n")
+    build_runner(load_config(str(custom), work_dir=str(tmp_path)))
+
+
+MMDET_SIDE = """
+import sys
+from mmdet.apis import init_detector
+from mmengine.config import Config
+from mmengine.runner import Runner
+assert 'aa_det' not in sys.modules
+try:
+    Runner.from_cfg(Config.fromfile(sys.argv[1]))
+except KeyError as e:
+    print('refused:', e)
+cfg = Config.fromfile(sys.argv[2])  # its custom_imports import aa_det
+runner = Runner.from_cfg(cfg)
+wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
+init_detector(cfg, device='cpu')
+print(type(wrapper).__name__, type(wrapper.optimizer.param_groups[0]),
+      sorted(type(hook).__name__ for hook in runner.hooks))
+"""
+
+
+def test_what_our_tools_dump_builds_in_mmdets_path(tiny_shapes, tmp_path):
+    """In a fresh process with nothing but a config's ``custom_imports``
+    (mmdet's tools/train.py: ``Config.fromfile``, ``Runner.from_cfg``), a
+    config without them is refused (``KeyError``), and one our tools dumped
+    after ``--amp`` and ``compile`` builds its Runner, optimizer wrapper and
+    hooks, and loads in ``init_detector``: ``import aa_det`` registers every
+    type it names."""
+    path = tmp_path / 'no_imports.py'
+    path.write_text(f'_base_ = {DEMO!r}\ncustom_imports = None\n'
+                    f'work_dir = {str(tmp_path)!r}\n')
+    cfg = load_config(DEMO, work_dir=str(tmp_path), amp=True,
+                      cfg_options=demo_options(tiny_shapes, compile=True))
+    cfg.dump(str(tmp_path / 'dumped.py'))
+    out = subprocess.run(
+        [sys.executable, '-c', MMDET_SIDE, str(path),
+         str(tmp_path / 'dumped.py')], capture_output=True, text=True,
+        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: 'AAResNet is not in the mmdet::model registry" \
+        in out.stdout, out.stdout
+    wrapper = 'AmpOptimWrapper' if torch.cuda.is_available() \
+        else 'CPUAmpOptimWrapper'
+    assert f"{wrapper} <class 'dict'>" in out.stdout, out.stdout
+    assert "'EagerDataPreprocessorHook', " in out.stdout
+    assert "'StaticModuleIntsHook'" in out.stdout
 
 
 def test_resume(tmp_path):

@@ -2,6 +2,13 @@
 :class:`ConfigError` line naming the config key, the file or the value (:func:`check_run_config`, called
 by ``config_runner.build_runner``). Every other check runs from what the config names (the
 dataset, the metric, the hooks), under mmdet's own tools as under ours: docs/detection.md lists them.
+These are what a config cannot say: a check before the build, where mmdet's tools stop later or in
+a bare assertion.
+
+* a config that names a type ``import aa_det`` registers imports aa_det
+  (``custom_imports``), as mmdet's tools and ``init_detector`` need: our
+  tools import aa_det for their own code, and without this check such a
+  config would train here and fail there (:func:`check_custom_imports`);
 
 * the backbone builds from its settings (a bare assertion of mmdet's is named by its source line), and
   an mmdet ``ResNet`` freezes at most its stages;
@@ -25,7 +32,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 from mmdet.models.backbones import ResNet
 from mmdet.registry import MODELS
 from mmengine.config import Config
-from mmengine.registry import DefaultScope
+from mmengine.registry import DefaultScope, Registry
 
 from aa_det.datasets.checked_coco import missing_files
 from aa_det.models.backbones.attention_resnet import RESNET_DEFAULTS, init_defaults
@@ -278,6 +285,53 @@ def check_classification_data(cfg: Config, splits: Sequence[str] = ('train', 'va
     _check_same_classes(layouts, num_classes)
 
 
+def aa_det_types() -> set:
+    """The names of the types ``import aa_det`` registered, in every
+    registry (mmengine's roots and their children: mmdet's, mmpretrain's)."""
+    import mmengine.registry as registries
+    names = set()
+    stack = [r for r in vars(registries).values() if isinstance(r, Registry)]
+    while stack:
+        registry = stack.pop()
+        names.update(name for name, obj in registry.module_dict.items()
+                     if getattr(obj, '__module__', '').split('.')[0]
+                     == 'aa_det')
+        stack.extend(registry.children.values())
+    return names
+
+
+def _type_names(cfg) -> Iterator[str]:
+    """Every string ``type`` of a config, its scope (``mmdet.``) removed."""
+    if isinstance(cfg, dict):
+        if isinstance(cfg.get('type'), str):
+            yield cfg['type'].rpartition('.')[2]
+        for value in cfg.values():
+            yield from _type_names(value)
+    elif isinstance(cfg, (list, tuple)):
+        for value in cfg:
+            yield from _type_names(value)
+
+
+def check_custom_imports(cfg: Config):
+    """A config naming a type that ``import aa_det`` registers has
+    ``custom_imports`` importing aa_det: mmdet's tools and ``init_detector``
+    read nothing else (``KeyError: 'AAResNet is not in the mmdet::model
+    registry'``), so ours refuse such a config as theirs do."""
+    imports = (cfg.get('custom_imports') or {}).get('imports') or []
+    imports = [imports] if isinstance(imports, str) else imports
+    if any(name.split('.')[0] == 'aa_det' for name in imports):
+        return
+    ours = aa_det_types()
+    named = next((name for name in _type_names(cfg._cfg_dict)
+                  if name in ours), None)
+    if named is not None:
+        raise ConfigError(
+            f'config {cfg.filename} names {named}, which `import aa_det` '
+            "registers: add custom_imports=dict(imports=['aa_det'], "
+            'allow_failed_imports=False)')
+
+
 def check_run_config(cfg: Config, splits: Sequence[str] = ('train', 'val', 'test')):
     """Every check of this module, for the dataloaders of ``splits``."""
+    check_custom_imports(cfg)
     check_model_config(cfg, splits)

@@ -20,7 +20,6 @@ from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import config_additions  # noqa: F401  (registers what load_config adds)
 from aa_det.utils.compat import TORCH_VERSION
 from aa_det.utils.errors import ConfigError, refused_global, unsafe_checkpoint_error
 from config_checks import check_run_config

@@ -262,3 +262,30 @@ class CompileBackboneHook(Hook):
                               'or with_cp=False')
         model.backbone.forward = module_ints_constant(torch.compile(model.backbone.forward, **self.compile_cfg))
         runner.logger.info(f'backbone forward compiled with torch.compile({self.compile_cfg})')
+
+
+@HOOKS.register_module()
+class EagerDataPreprocessorHook(Hook):
+    """Run the data preprocessor outside mmengine's ``compile`` option (a
+    graph break at its call): dynamo stops in mmengine's ``stack_batch`` on
+    torch 2.1 and inductor with ``dynamic=True`` on torch 2.14; its
+    normalisation and padding are a few element-wise ops, not worth a graph.
+    Our tools add it where a config sets ``compile``."""
+
+    def before_train(self, runner) -> None:
+        preprocessor = _unwrapped(runner).data_preprocessor
+        preprocessor.forward = torch._dynamo.disable(preprocessor.forward)
+
+
+@HOOKS.register_module()
+class StaticModuleIntsHook(Hook):
+    """Trace the modules' int attributes as constants under mmengine's
+    ``compile`` option, as torch does from 2.6 on
+    (:func:`aa_det.utils.compat.module_ints_constant`): before 2.6, dynamo
+    makes them symbolic under dynamic shapes and retraces the attention
+    layers' size arithmetic at every size. Our tools add it where a config
+    sets ``compile``."""
+
+    def before_train(self, runner) -> None:  # after the Runner compiled it
+        runner.model.train_step = module_ints_constant(
+            runner.model.train_step)

@@ -1,11 +1,14 @@
 """Optimizer wrappers a config names: an optimizer wrapper constructor with one param group per setting,
-which the schedules name, and mixed precision on a CPU (what ``--amp`` runs there)."""
+which the schedules name, mixed precision on a CPU (what ``--amp`` runs there), and the constructor
+mmengine's ``compile`` option needs (what our tools set where a config compiles)."""
+import inspect
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS
+from mmengine.registry import (OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS,
+                               OPTIMIZERS)
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -59,3 +62,59 @@ class CPUAmpOptimWrapper(OptimWrapper):
         """:class:`OptimWrapper`'s context (no gradient sync while accumulating) under CPU bf16 autocast."""
         with super().optim_context(model), torch.autocast('cpu', dtype=torch.bfloat16):
             yield
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class CompileOptimWrapperConstructor(MergedGroupsOptimWrapperConstructor):
+    """:class:`MergedGroupsOptimWrapperConstructor` for an optimizer step
+    that mmengine's ``compile`` option can trace; none of its three changes
+    alters the update (docs/design.md, "Compiling and exporting", has the
+    reproductions):
+
+    * plain ``dict`` param groups: torch 2.14's dynamo stops in ``SGD.step``
+      on mmengine's ``ConfigDict`` ones;
+    * ``foreach=True`` where the optimizer takes it and the config does not
+      set it: torch 2.1's dynamo stops in SGD's per-tensor kernel with
+      momentum (the CPU's default);
+    * SGD's momentum buffers created at zero (with momentum and no dampening
+      the first step then computes the buffer SGD would clone from the
+      gradient): torch 2.14's dynamo, with ``dynamic=True`` and several param
+      groups, stops where SGD creates them.
+
+    Examples:
+        >>> constructor = CompileOptimWrapperConstructor(
+        ...     dict(type='OptimWrapper', optimizer=dict(
+        ...         type='SGD', lr=0.1, momentum=0.9, weight_decay=1e-4)),
+        ...     dict(norm_decay_mult=0.0))
+        >>> optimizer = constructor(nn.Linear(2, 2)).optimizer
+        >>> ({type(group).__name__ for group in optimizer.param_groups},
+        ...  optimizer.defaults['foreach'])
+        ({'dict'}, True)
+        >>> [s['momentum_buffer'].shape for s in optimizer.state.values()]
+        [torch.Size([2, 2]), torch.Size([2])]
+    """
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: dict = None):
+        super().__init__(optim_wrapper_cfg, paramwise_cfg)
+        optimizer_type = self.optimizer_cfg['type']
+        if isinstance(optimizer_type, str):  # as mmengine's constructor does
+            with OPTIMIZERS.switch_scope_and_registry(None) as registry:
+                optimizer_type = registry.get(optimizer_type)
+        if optimizer_type is not None and 'foreach' in inspect.signature(
+                optimizer_type).parameters:
+            # a copy: the config is not changed
+            self.optimizer_cfg = {'foreach': True, **self.optimizer_cfg}
+
+    def __call__(self, model: nn.Module) -> OptimWrapper:
+        wrapper = super().__call__(model)
+        optimizer = wrapper.optimizer
+        optimizer.param_groups[:] = [
+            dict(group) for group in optimizer.param_groups]
+        if isinstance(optimizer, torch.optim.SGD):
+            for group in optimizer.param_groups:
+                if group['momentum'] != 0 and group['dampening'] == 0:
+                    for p in group['params']:
+                        if p.requires_grad:
+                            optimizer.state[p]['momentum_buffer'] = \
+                                torch.zeros_like(p)
+        return wrapper

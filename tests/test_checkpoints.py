@@ -153,6 +153,23 @@ def test_load_from_may_fine_tune_the_classification_layer(tiny_shapes, aa_ckpt, 
         build_runner(cfg, splits=('test',)).test()
 
 
+def test_the_checked_checkpoint_is_read_once(tiny_shapes, aa_ckpt,
+                                            tmp_path, monkeypatch):
+    """CheckpointCheckHook reads the file; the Runner loads what it read
+    (mmengine alone reads it once, and would a second time here)."""
+    reads = []
+    load = torch.load
+    monkeypatch.setattr(torch, 'load', lambda f, *args, **kwargs: (
+        reads.append(f), load(f, *args, **kwargs))[1])
+    cfg = config(tiny_shapes, tmp_path)
+    cfg.load_from = aa_ckpt
+    runner = build_runner(cfg, splits=('test',))
+    runner.test()
+    assert reads.count(aa_ckpt) == 1 and runner._has_loaded
+    saved = load(aa_ckpt)['state_dict']['backbone.conv1.weight']
+    assert torch.equal(runner.model.backbone.conv1.weight, saved)
+
+
 def test_resume_from_another_models_checkpoint_is_one_line(tiny_shapes, resnet_ckpt, tmp_path):
     """Before: 'loaded state dict has a different number of parameter groups'."""
     cfg = load_config(DEMO, work_dir=str(tmp_path), cfg_options=demo_options(tiny_shapes, **ONE_ITER), resume=resnet_ckpt)

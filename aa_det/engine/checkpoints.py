@@ -24,7 +24,9 @@ from mmengine.hooks import Hook
 from mmengine.logging import HistoryBuffer, print_log
 from mmengine.model import BaseTTAModel, is_model_wrapper
 from mmengine.runner import BaseLoop
-from mmengine.runner.checkpoint import _load_checkpoint, find_latest_checkpoint
+from mmengine.runner.checkpoint import (_load_checkpoint,
+                                       _load_checkpoint_to_model,
+                                       find_latest_checkpoint)
 
 from ..models.backbones.unloaded_weights import refuse_frozen_unloaded
 from ..utils.errors import ConfigError, refused_global, unsafe_checkpoint_error
@@ -132,7 +134,8 @@ class CheckpointCheckHook(Hook):
     in one line and starts from scratch, as mmengine does. In ``before_train`` (every load done, no
     iteration run) a backbone's frozen weights that nothing loaded are refused in one line
     (:func:`~aa_det.models.backbones.unloaded_weights.refuse_frozen_unloaded`; the backbone alone only
-    warns)."""
+    warns). The Runner then loads what this hook read (:func:`load_once`):
+    the file is read once."""
 
     priority = 'VERY_HIGH'
 
@@ -158,6 +161,7 @@ class CheckpointCheckHook(Hook):
             raise ConfigError(f'load_from: checkpoint file not found: {path}')
         else:
             checkpoint = read_checkpoint(path)
+        load_once(runner, path, checkpoint)
         if runner.cfg.get('partial_load'):
             return
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
@@ -177,6 +181,30 @@ class CheckpointCheckHook(Hook):
         if differ:
             print_log(f'aa_det: load_from {path}: {len(differ)} classification-layer keys do not fit and keep '
                       f'their initialisation (first: {differ[0]})', logger='current', level=30)
+
+
+def load_once(runner, path: str, checkpoint: dict) -> None:
+    """The Runner's next ``load_checkpoint(path)`` (``load_from``, or
+    ``resume`` through it) loads ``checkpoint``, already read, instead of
+    reading the file again; the method is mmengine's ``Runner.load_checkpoint``
+    with its first line replaced, and is restored after that call."""
+    load = runner.load_checkpoint
+
+    def load_checkpoint(filename, map_location='cpu', strict=False,
+                        revise_keys=[(r'^module.', '')]):
+        runner.load_checkpoint = load
+        if filename != path:
+            return load(filename, map_location, strict, revise_keys)
+        runner.call_hook('after_load_checkpoint', checkpoint=checkpoint)
+        model = runner.model.module if is_model_wrapper(runner.model) \
+            else runner.model
+        loaded = _load_checkpoint_to_model(model, checkpoint, strict,
+                                           revise_keys=revise_keys)
+        runner._has_loaded = True
+        runner.logger.info(f'Load checkpoint from {filename}')
+        return loaded
+
+    runner.load_checkpoint = load_checkpoint
 
 
 #: the key that marks a ``HistoryBuffer`` written as plain data by :func:`to_safe_types`

@@ -104,7 +104,7 @@ def test_with_cp_same_outputs_gradients_and_statistics(type_, depth):
 def test_gsa_layers_evaluated_once_per_step_twice_with_cp(monkeypatch):
     """Per training step (forward + backward) every GSA layer is evaluated once, and with ``with_cp=True`` twice
     (the forward and the block's one recomputation), with the same outputs and gradients: ``with_cp`` is the one
-    memory-for-time trade, and the layer adds no recomputation of its own (it once did: 2 and 3)."""
+    memory-for-time trade, and the layer adds no recomputation of its own."""
     from collections import Counter
 
     from aa_det.models.layers import GlobalSelfAttention2d

@@ -112,7 +112,8 @@ TRAIN_TOOLS = ['ours/train.py', 'mmdet/train.py']
 
 @pytest.mark.parametrize('tool', TRAIN_TOOLS)
 def test_num_classes_that_do_not_match_the_classes(tool, tiny_shapes, tmp_path):
-    """Before, mmdet's tool trained the whole schedule on 2 of the data's 3 classes."""
+    """A head's num_classes unlike the data's classes stops both tools before training (it would train on 2 of
+    the data's 3 classes)."""
     out = run(tool, DEMO, '--work-dir', tmp_path / 'work',
               options=demo_options(tiny_shapes, **ONE_ITER, **{'model.bbox_head.num_classes': 2}))
     assert_refused(out, tool, r'train_dataloader.dataset: The `num_classes` \(2\) in RetinaSepBNHead of RetinaNet '
@@ -122,7 +123,8 @@ def test_num_classes_that_do_not_match_the_classes(tool, tiny_shapes, tmp_path):
 
 @pytest.mark.parametrize('tool', TRAIN_TOOLS)
 def test_wrong_image_sizes_in_the_annotation_file(tool, data, tmp_path):
-    """Before, mmdet's tool trained on the boxes inside the stated size."""
+    """Image sizes unlike the annotation file's stop both tools before training (the boxes outside the stated
+    size would be left out)."""
     edit_json(data / 'annotations' / 'instances_train.json',
               lambda coco: [img.update(width=48, height=48) for img in coco['images']])
     out = run(tool, DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
@@ -132,7 +134,7 @@ def test_wrong_image_sizes_in_the_annotation_file(tool, data, tmp_path):
 
 @pytest.mark.parametrize('tool', TRAIN_TOOLS)
 def test_missing_validation_image(tool, data, tmp_path):
-    """Before, mmdet's tool failed at the first validation, after the training epochs."""
+    """A missing validation image stops both tools before training, not at the first validation."""
     (data / 'val' / '000001.png').unlink()
     out = run(tool, DEMO, '--work-dir', tmp_path / 'work', options=demo_options(data, **ONE_ITER))
     assert_refused(out, tool, r'1 of 4 images listed in \S+instances_val.json are missing, first: \S+/val/000001.png')
@@ -140,7 +142,7 @@ def test_missing_validation_image(tool, data, tmp_path):
 
 @pytest.mark.parametrize('tool', ['ours/test.py', 'mmdet/test.py'])
 def test_damaged_checkpoint_is_refused_by_both_test_tools(tool, tiny_shapes, tmp_path):
-    """A checkpoint whose bytes fail their CRC: before, mmdet's tool evaluated wrong weights."""
+    """A checkpoint whose bytes fail their CRC is refused by both test tools (its weights would be wrong)."""
     from mmdet.registry import MODELS as DET_MODELS
     from mmengine.registry import init_default_scope
     init_default_scope('mmdet')

@@ -1,6 +1,6 @@
 """What a GPU runs, run on the CPU (the CUDA device policy forced, :mod:`aa_det.models.layers.device_policy`):
-AA's kernels (FlexAttention, CUDA's from torch 2.6; the fused ``'sdpa'`` before, on the autocast dtype with the
-float16 fold scale), GSA's bfloat16 products under autocast, forward and backward, against the float64 loop
+AA's kernels (FlexAttention, CUDA's from torch 2.6; the fused ``'sdpa'`` on older releases, on the autocast
+dtype with the float16 fold scale), GSA's bfloat16 products under autocast, forward and backward, against the float64 loop
 references; the same number of launches at every size. Errors are bounded as in tests/test_low_precision.py: by
 PyTorch's own SDPA error on the same inputs and dtype. The tests marked ``cuda`` run the fused kernels, compiled,
 on a GPU (benchmarks/gpu_check.sh runs them first).

@@ -98,8 +98,8 @@ def test_narrow_backbone_exports_with_dynamic_size(kind, dynamo, tmp_path):
 
 @pytest.mark.parametrize('kind', ['aa', 'gsa'])
 def test_jit_trace_saves_loads_and_matches(kind):
-    """Traced at 40x48 (AA used to fail at large maps inside its blocked kernel), saved, loaded,
-    and equal to the module at the traced size."""
+    """Traced at 40x48 (a map larger than one block of AA's blocked kernel), saved, loaded, and equal to the
+    module at the traced size."""
     model, channels = _trained(kind)
     x = torch.randn(1, channels, 40, 48)
     traced = torch.jit.trace(model, x)

@@ -104,8 +104,7 @@ class _ChunkedColumns(torch.autograd.Function):
     """:func:`_columns` per chunk of ``step`` columns. The forward keeps no logits; the backward recomputes each
     chunk's logits and takes the gradients of its two GEMMs, so both passes hold one chunk of logits. This is the
     kernel's own backward, as a fused attention kernel's (the logits, ``H / dkh`` times the layer's maps, are never
-    kept whole), not a recomputation of the layer: GSA-ResNet-50 peaks 1.66x higher keeping them at 512x512
-    (docs/design.md, "Axial kernel").
+    kept whole), not a recomputation of the layer (docs/design.md, "Axial kernel", measures both).
 
     With several chunks, outputs and gradients are written into whole tensors: no small tensor outlives its
     chunk, where it would fragment the CPU allocator's heap. One chunk (a GPU's, :mod:`.device_policy`) is

@@ -70,8 +70,8 @@ def test_json_syntax_error_names_file_line_and_column(data, tmp_path):
 
 
 def test_skipped_annotations_are_counted_in_one_log_line(data, tmp_path):
-    """Boxes outside the image, an unknown category and a zero-size box, as mmdet leaves them out;
-    before, silently."""
+    """Boxes outside the image, an unknown category and a zero-size box, as mmdet leaves them out, counted in
+    one log line."""
     def damage(coco):
         for ann in coco['annotations'][2::2]:
             ann['bbox'][0] = 200  # the images are 96 px wide
@@ -99,24 +99,21 @@ def test_clean_data_logs_none_skipped(tiny_shapes, tmp_path):
                      log), log[-2000:]
 
 
-def test_skip_reason_agrees_with_mmdet(tiny_shapes):
-    """Every annotation mmdet's parse_data_info keeps has no skip reason in tools/check_dataset.py, every
-    one it drops has one."""
-    from check_dataset import skip_reason
-    from mmdet.datasets import CocoDataset
-    coco = json.loads((tiny_shapes / 'annotations' / 'instances_train.json').read_text())
+def test_check_dataset_names_what_mmdet_skips(tiny_shapes):
+    """tools/check_dataset.py asks mmdet's parse_data_info what it skips
+    and names each reason."""
+    from check_dataset import MmdetFilter
+    coco = json.loads(
+        (tiny_shapes / 'annotations' / 'instances_train.json').read_text())
     img = coco['images'][0]
-    base = dict(coco['annotations'][0], image_id=img['id'])
-    cases = [dict(base), dict(base, bbox=[-50, 0, 10, 10]), dict(base, bbox=[0, 0, 0.5, 10]),
-             dict(base, area=0), dict(base, category_id=99), dict(base, ignore=True),
-             dict(base, bbox=[img['width'] + 1, 0, 10, 10])]
-    dataset = CocoDataset(ann_file=str(tiny_shapes / 'annotations' / 'instances_train.json'), data_root='',
-                          metainfo=dict(classes=('circle', 'square', 'triangle')), data_prefix=dict(img=''),
-                          lazy_init=True)
-    dataset.cat_ids, dataset.cat2label = [1, 2, 3], {1: 0, 2: 1, 3: 2}
-    for ann in cases:
-        kept = dataset.parse_data_info({'raw_img_info': dict(img, img_id=img['id']), 'raw_ann_info': [ann]})
-        assert bool(kept['instances']) == (skip_reason(ann, img['width'], img['height'], [1, 2, 3]) == ''), ann
+    base = dict(coco['annotations'][0], image_id=img['id'], category_id=1)
+    cases = {'': base, 'outside the image': dict(base, bbox=[-50, 0, 10, 10]),
+             'zero-size': dict(base, bbox=[0, 0, 0.5, 10]),
+             'category_id not in the classes': dict(base, category_id=3),
+             'marked ignore': dict(base, ignore=True)}
+    mmdet = MmdetFilter([1, 2])
+    assert {reason: mmdet.why(ann, img) if mmdet.drops(ann, img) else ''
+            for reason, ann in cases.items()} == {r: r for r in cases}
 
 
 def test_missing_files_lists_each_folder_once(tmp_path):

@@ -11,6 +11,10 @@ gives (mmdet clips and drops boxes by those); every annotation's ``image_id`` an
 annotations mmdet would skip are counted: zero-size, outside the image, category not among
 the config's classes. Prints the counts with the first examples; errors exit 2 with one
 ``aa_det:`` line, warnings alone exit 0.
+
+What a config cannot say: mmdet's datasets decode no image before a run
+and drop these annotations silently; this tool is the full check, opt-in.
+mmdet's own ``parse_data_info`` decides which annotations are skipped.
 """
 import argparse
 import json
@@ -25,6 +29,7 @@ from env_check import require_env, run_cli  # noqa: E402
 
 require_env()
 
+from mmdet.datasets import CocoDataset  # noqa: E402
 from mmengine.config import DictAction  # noqa: E402
 from PIL import Image  # noqa: E402
 
@@ -35,33 +40,45 @@ from config_runner import load_config  # noqa: E402
 EXAMPLES = 3
 
 
-def skip_reason(ann: dict, width: float, height: float, cat_ids) -> str:
-    """Why mmdet's ``CocoDataset.parse_data_info`` leaves a COCO annotation out, or ``''``.
-
-    The conditions are mmdet 3.3's, named in this order: a category not trained
-    first, then a zero-size box (before it would count as outside).
+class MmdetFilter:
+    """Which COCO annotations mmdet's ``CocoDataset.parse_data_info`` (its
+    annotation filter) leaves out: mmdet's own method decides, on a dataset
+    that loads nothing; :func:`why` only names the reason of a decision.
 
     Args:
-        ann (dict): A COCO annotation (``bbox`` as ``[x, y, w, h]``, ``area``,
-            ``category_id``, optional ``ignore``).
-        width (float): The image width the JSON gives.
-        height (float): The image height the JSON gives.
-        cat_ids (Container[int]): The category ids the dataset trains.
-
-    Returns:
-        str: ``'marked ignore'``, ``'category_id not in the classes'``,
-        ``'zero-size'``, ``'outside the image'`` or ``''`` (kept).
+        cat_ids (Sequence[int]): The category ids the dataset trains.
     """
-    if ann.get('ignore', False):
-        return 'marked ignore'
-    if ann['category_id'] not in cat_ids:
-        return 'category_id not in the classes'
-    x, y, w, h = ann['bbox']
-    if ann['area'] <= 0 or w < 1 or h < 1:
-        return 'zero-size'
-    if max(0, min(x + w, width) - max(x, 0)) * max(0, min(y + h, height) - max(y, 0)) == 0:
-        return 'outside the image'
-    return ''
+
+    def __init__(self, cat_ids):
+        self.dataset = CocoDataset(ann_file='', data_prefix=dict(img=''),
+                                   lazy_init=True)
+        self.dataset.cat_ids = list(cat_ids)
+        self.dataset.cat2label = {i: n for n, i in enumerate(cat_ids)}
+
+    def drops(self, ann: dict, img: dict) -> bool:
+        """Whether mmdet leaves ``ann`` out of the image ``img`` (a COCO
+        image: ``id``, ``file_name``, ``width``, ``height``)."""
+        info = self.dataset.parse_data_info(
+            {'raw_img_info': dict(img, img_id=img['id']),
+             'raw_ann_info': [ann]})
+        return not info['instances']
+
+    def why(self, ann: dict, img: dict) -> str:
+        """The reason mmdet dropped ``ann``, named: ``'marked ignore'``,
+        ``'category_id not in the classes'``, ``'zero-size'`` or
+        ``'outside the image'`` (the first that holds, in this order)."""
+        x, y, w, h = ann['bbox']
+        inside = max(0, min(x + w, img['width']) - max(x, 0)) \
+            * max(0, min(y + h, img['height']) - max(y, 0))
+        for reason, holds in (
+                ('marked ignore', ann.get('ignore', False)),
+                ('category_id not in the classes',
+                 ann['category_id'] not in self.dataset.cat_ids),
+                ('zero-size', ann['area'] <= 0 or w < 1 or h < 1),
+                ('outside the image', inside == 0)):
+            if holds:
+                return reason
+        return "mmdet's filter"
 
 
 def parse_args():
@@ -117,7 +134,8 @@ def check_file(ann_file, img_dir, classes, pool):
     if classes:
         for name in sorted(set(classes) - set(categories.values())):
             errors['class of the config that is no category of the file'].append(repr(name))
-    cat_ids = {i for i, name in categories.items() if not classes or name in classes}
+    mmdet = MmdetFilter([i for i, name in categories.items()
+                         if not classes or name in classes])
 
     order = list(images.values())
     sizes = pool.imap(image_size, [osp.join(img_dir, img['file_name']) for img in order], chunksize=16)
@@ -139,7 +157,7 @@ def check_file(ann_file, img_dir, classes, pool):
         if ann['category_id'] not in categories:
             errors['annotations with an unknown category_id'].append(f'{where}: category_id {ann["category_id"]}')
             continue
-        reason = skip_reason(ann, img['width'], img['height'], cat_ids)
+        reason = mmdet.why(ann, img) if mmdet.drops(ann, img) else ''
         if reason and reason != 'marked ignore':
             warnings[f'annotations mmdet skips: {reason}'].append(f'{where} on {img["file_name"]}: '
                                                                    f'bbox {ann["bbox"]}')

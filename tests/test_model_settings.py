@@ -301,6 +301,8 @@ def test_num_classes_other_than_the_datasets_classes(tiny_shapes, tmp_path):
 
 
 def test_num_classes_checked_for_test_only(tiny_shapes, tmp_path):
+    """What mmdet's NumClassCheckHook lacks: it checks validation data when
+    validation starts, never test data."""
     _stops(_cfg(tiny_shapes, **{'model.bbox_head.num_classes': 4}), tmp_path,
            r'^test_dataloader.dataset: The `num_classes` \(4\)', run='test')
 

@@ -9,6 +9,11 @@ is read), one run's <timestamp> folder, or a scalars.json file. A resumed run lo
 new <timestamp> folder, so the newest one starts where the resume did.
 Default keys: every logged key starting with 'loss', 'lr', and every validation metric.
 Keys may be glob patterns ('coco/*'). COCO's -1 (no objects of that size) is not drawn.
+
+mmdet's tools/analysis_tools/analyze_logs.py plots listed JSON files by
+exact keys and needs seaborn; this one adds what its tests check: a work
+dir read at its newest run, glob keys, COCO's -1 left out, and matplotlib
+alone (the vis extra).
 """
 import argparse
 import fnmatch

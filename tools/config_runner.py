@@ -7,7 +7,10 @@ command line asks for (``--work-dir``, ``--cfg-options``, ``--amp``, ``--auto-sc
 GPUs, mmengine's ``compile`` option on the installed torch); docs/detection.md lists each change.
 The checks that protect a run live in what the configs name (the dataset, the metric, the hooks of
 ``configs/_base_/default_runtime.py``); :func:`build_runner` adds the ones that must run before the
-model is built (``config_checks.py``).
+model is built (``config_checks.py``). Every type these changes name is registered by ``import aa_det``
+(``aa_det.engine``), so a config dumped here runs in mmdet's tools; a config
+that does not import aa_det through ``custom_imports`` is refused here as
+there (``config_checks.check_custom_imports``).
 """
 import functools
 import gc

@@ -5,7 +5,9 @@
         [--launcher {none,pytorch,slurm,mpi}]
 
 Every option of mmdet's own tools/test.py, with its meaning; ours add ``--partial-load`` and the command-line
-and machine semantics of ``config_runner.load_config``.
+and machine semantics of ``config_runner.load_config``: what a config
+cannot say. The config means what it means in mmdet's tools/test.py, which
+runs it too (custom_imports importing aa_det included).
 """
 import argparse
 import copy

@@ -8,6 +8,10 @@ The config runs as in mmdet's own tools/train.py; the differences are command-li
 on the CPU, --amp-dtype, SyncBN / gloo / DDP without device ids for a distributed run without GPUs, what
 mmengine's `compile` option needs on the installed torch, the checks before the model is built, and a
 barrier and the process group destroyed after a finished distributed run.
+Each is what a config cannot say (a command-line option, the machine, a
+check before the build); the config itself means what it means in mmdet's
+tools/train.py, which runs it too: without custom_imports importing aa_det
+it is refused here as there.
 """
 import argparse
 import os

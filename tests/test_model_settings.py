@@ -247,7 +247,7 @@ def test_gsa_refuses_a_dilated_stage_in_one_line():
     (lambda: GlobalSelfAttention2d(8, 8, 3, groups=2, num_heads=2),
      r'^GlobalSelfAttention2d: groups=2 is not supported'),
     (lambda: AAConv2d(8, 16, 3, impl='flash', num_heads=2, min_key_dim_per_head=2),
-     r"^AAConv2d: impl must be one of \('auto', 'blocked', 'sdpa', 'materialized'\), got 'flash'"),
+     r"^AAConv2d: impl must be one of \('auto', 'blocked', 'flex', 'sdpa', 'materialized'\), got 'flash'"),
 ])
 def test_conv_arguments_the_attention_layers_do_not_honour_are_refused(build, error):
     with pytest.raises(ValueError, match=error):

@@ -64,7 +64,7 @@ def run_case(name, with_cp, size, root, live):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--size', type=int, default=1024)
     parser.add_argument('--root', default=ROOT, help='checkout to import aa_det from')
     parser.add_argument('--repeats', type=int, default=3, help='processes per backbone; the median is reported')

@@ -329,8 +329,10 @@ def main():
                                   args.aa_impl, args.amp_dtype, compile_cfg, args.profile, args.size,
                                   None if args.no_infer else args.infer_size, osp.abspath(args.config_root or ROOT))))
         return
-    print(f'device={args.device} amp={args.amp and (args.amp_dtype if args.device == "cuda" else "bfloat16")} '
-          f'compile={args.compile and f"{args.compile},{args.compile_backend},fullgraph={not args.no_fullgraph}"} '
+    amp_text = args.amp and (args.amp_dtype if args.device == 'cuda' else 'bfloat16')
+    compile_text = args.compile and f'{args.compile},{args.compile_backend},fullgraph={not args.no_fullgraph}'
+    print(f'device={args.device} amp={amp_text} '
+          f'compile={compile_text} '
           f'batch={args.batch} size={args.size} aa_impl={args.aa_impl or "auto"}  '
           f'RetinaNet+FPN, 80 classes, BN; median of {args.steps} steps after {args.warmup} warm-up')
     print(f'{"backbone":<14} {"params":>7} | {"first s":>7} {"train s/it":>10} {"x R50":>6} {"peak GiB":>9} {"x R50":>6} | '

@@ -69,7 +69,7 @@ def stride_aware_savings(module: GlobalSelfAttention2d, shape) -> int:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--size', type=int, default=640)
     args = parser.parse_args()
     base, base_layers, _, _ = layer_flops(dict(type='ResNet', depth=50), args.size)

@@ -102,7 +102,7 @@ def fmt(v: float) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--train-size', type=int, default=64)
     parser.add_argument('--train-steps', type=int, default=0,
                         help='SGD steps of the GSA models before the measurement; 0: BN statistics only')

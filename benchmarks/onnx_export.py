@@ -148,7 +148,7 @@ def row_text(name: str, exporter: str, seconds, errors) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='+', default=MODEL_NAMES, choices=MODEL_NAMES)
     parser.add_argument('--exporters', nargs='+', default=['torchscript', 'dynamo'], choices=['torchscript', 'dynamo'])
     parser.add_argument('--export-size', type=size_arg, default=(320, 320), help='HxW')
@@ -200,7 +200,7 @@ def main():
             rows.append((name, exporter, seconds, errors))
             print(row_text(*rows[-1]), flush=True)
 
-    print(f'\n| model | exporter | export s | ' + ' | '.join(f'{h}x{w}' + (' (export)' if i == 0 else '')
+    print('\n| model | exporter | export s | ' + ' | '.join(f'{h}x{w}' + (' (export)' if i == 0 else '')
                                                         for i, (h, w) in enumerate(sizes)) + ' |')
     print('|---|---|---|' + '---|' * len(sizes))
     for row in rows:

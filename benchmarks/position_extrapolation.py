@@ -88,7 +88,7 @@ def summary(values):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--forms', nargs='+', default=list(EVALUATED), choices=list(EVALUATED),
                         help='trained forms (sum is evaluated as sum and as trained)')

@@ -25,7 +25,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--config', default=osp.join(ROOT, 'configs/imagenet/aa-resnet18_1xb32-20e_shapes-cls.py'))
     parser.add_argument('--data-root', default=osp.join(ROOT, 'data/shapes_cls'))
     parser.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs/demo_shapes_cls'))

@@ -17,7 +17,7 @@ sys.path.insert(0, osp.join(ROOT, 'benchmarks'))
 import backbone_benchmark as bench  # noqa: E402
 
 
-def test_generated_data_is_coco_with_ten_classes_a_4x_scale_range_and_held_out_photographs(tmp_path):
+def test_generated_data_is_coco_with_ten_classes_4x_scales_held_out_photos(tmp_path):
     from pycocotools.coco import COCO
     assert not set(bench.TRAIN_PHOTOS) & set(bench.VAL_PHOTOS)
     ann = bench.generate(str(tmp_path / 'a'), 'train', 12, seed=1)

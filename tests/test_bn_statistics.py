@@ -41,7 +41,7 @@ def test_shared_head_norms_finds_retina_heads_batchnorms_only():
     assert shared_head_norms(MODELS.build(dict(type='RetinaHead', **gn))) == []
 
 
-def test_batch_statistics_normalise_with_the_batch_and_leave_running_statistics():
+def test_batch_statistics_normalise_with_the_batch_leave_running_statistics():
     bn = torch.nn.BatchNorm2d(4).eval()
     with torch.no_grad():
         bn.running_mean.fill_(5.0)
@@ -72,7 +72,7 @@ def test_running_statistics_gap_measures_the_normalised_inputs_mean_and_std():
 
 
 @pytest.mark.slow  # 15-35 s of training; .ci/run runs it
-def test_train_names_a_shared_batchnorm_head_and_bn_check_measures_both_statistics(tiny_shapes, tmp_path):
+def test_train_names_a_shared_batchnorm_head_and_bn_check_measures_both(tiny_shapes, tmp_path):
     """tools/train.py warns in one line about RetinaHead's shared BatchNorms; the check tool on its
     checkpoint prints the two mAPs and the head's BatchNorms applied once per level."""
     config = tmp_path / 'retina_head_bn.py'

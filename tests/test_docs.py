@@ -81,7 +81,7 @@ def _lines(*path):
 
 def _row(lines, start):
     """The cells of the table row whose first cell starts with ``start``."""
-    line = next((l for l in lines if l.startswith(f'| {start}')), None)
+    line = next((row for row in lines if row.startswith(f'| {start}')), None)
     assert line is not None, start
     return [cell.strip() for cell in line.strip().strip('|').split('|')]
 

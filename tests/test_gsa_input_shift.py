@@ -31,7 +31,7 @@ def test_axial_mean_divides_the_axial_sum_by_the_axis_length(components, axis):
 
 
 @pytest.mark.parametrize('components, axis', [(('column',), -2), (('row',), -1)])
-def test_trained_scale_is_the_paper_up_to_the_trained_length_and_rescaled_beyond(components, axis):
+def test_trained_scale_is_the_papers_up_to_the_trained_length_rescaled_beyond(components, axis):
     """Trained at 6x9: the paper's sums in the learning pass and at every length up to 6 (column) /
     9 (row); beyond, the sum times trained length / length."""
     paper, trained = _pair(components, 'trained')

@@ -80,7 +80,10 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range(q_scale, table_scale
 
 def _gsa_inputs(seed, B=2, Nh=4, dk=8, dv=8, H=24, W=20):
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g, dtype=torch.float64)
+
     return rnd(B, Nh, dk, H, W), rnd(B, Nh, dk, H, W), rnd(B, Nh, dv, H, W), rnd(63, dk) * dk ** -0.5, \
         rnd(B, Nh, dv, H, W)
 

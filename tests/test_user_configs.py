@@ -103,7 +103,7 @@ def backbone_norms_trained(checkpoint: dict) -> bool:
 
 
 @pytest.mark.slow
-def test_scratch_snippet_trains_every_layer_and_its_checkpoint_loads_everywhere(tiny_shapes, tmp_path):
+def test_scratch_snippet_trains_every_layer_its_checkpoint_loads_everywhere(tiny_shapes, tmp_path):
     """The README's from-scratch snippet on mmdet's RetinaNet config; its checkpoint through mmdet's
     inference APIs, mmdet's tools/test.py and --resume."""
     config = user_config(tmp_path, readme_snippet('scratch'), RETINANET, tiny_shapes)
@@ -147,7 +147,7 @@ model = dict(backbone=dict(type='AAResNet', init_cfg=None))
 RUN_CHECKS = "custom_hooks = [dict(type='RunChecksHook')]\n"
 
 
-def test_one_line_swap_from_scratch_is_refused_before_training_by_run_checks_hook(tiny_shapes, tmp_path):
+def test_one_line_swap_from_scratch_is_refused_before_training_by_run_checks(tiny_shapes, tmp_path):
     """mmdet's frozen_stages=1 and norm_eval=True, nothing loaded, with the README's ``RunChecksHook``: one line
     before the first iteration (the stem and stage 1 would stay random, every BatchNorm at mean 0, variance 1)."""
     config = user_config(tmp_path, ONE_LINE_SWAP + RUN_CHECKS, RETINANET, tiny_shapes)

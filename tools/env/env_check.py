@@ -57,7 +57,7 @@ def _check_cuda_ops():
         first = (str(e).strip().splitlines() or [''])[0]
         _die(f'mmcv\'s CUDA ops fail on this GPU ({type(e).__name__}: {first}); a wheel built for other '
              'GPU architectures gives "no kernel image is available".',
-             f'Fix: delete {wheel or "the cached wheel ~/.cache/aa_det/wheels/mmcv-*-cuda-*"} and run '
+             'Fix: delete ' + (wheel or 'the cached wheel ~/.cache/aa_det/wheels/mmcv-*-cuda-*') + ' and run '
              '`bash tools/env/setup_env.sh` again with nvcc on PATH (it builds for the GPUs torch sees, or '
              'for TORCH_CUDA_ARCH_LIST).')
 

@@ -12,7 +12,6 @@ import os.path as osp
 import shutil
 import sys
 import warnings
-
 from setuptools import find_packages, setup
 
 ROOT = osp.dirname(osp.abspath(__file__))
@@ -83,8 +82,10 @@ def add_mim_extension():
         if osp.isfile(src_path):
             shutil.copyfile(src_path, tar_path)
         else:
-            shutil.copytree(src_path, tar_path, ignore=shutil.ignore_patterns(
-                '__pycache__', '*.pyc'))
+            shutil.copytree(
+                src_path,
+                tar_path,
+                ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
 
 
 if __name__ == '__main__':

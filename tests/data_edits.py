@@ -1,5 +1,6 @@
-"""Helpers of the tests that damage a run's inputs: edit an annotation file, and assert that a Runner stops
-with one line before its first training iteration."""
+"""Helpers of the tests that damage a run's inputs: edit an annotation file,
+and assert that a Runner stops with one line before its first training
+iteration."""
 import json
 
 import pytest
@@ -16,11 +17,12 @@ def edit_json(path, change):
 
 
 def assert_stops_before_training(runner, pattern, run='train'):
-    """``runner.train()`` (or ``test()``) raises a :class:`ConfigError` matching ``pattern`` and no training
-    iteration ran."""
+    """``runner.train()`` (or ``test()``) raises a :class:`ConfigError`
+    matching ``pattern`` and no training iteration ran."""
     steps = []
 
     class Spy(Hook):
+
         def before_train_iter(self, *args, **kwargs):
             steps.append(1)
 

@@ -31,8 +31,10 @@ STACK = ('torch', 'torchvision', 'mmcv', 'mmengine', 'mmdet')
 SOURCES = ('setup.py', 'MANIFEST.in', 'LICENSE', 'README.md',
            'model-index.yml', 'requirements', 'aa_det', 'configs', 'tools',
            'demo')
-PAPERS = {'aa': 'https://arxiv.org/abs/1904.09925',
-          'gsa': 'https://arxiv.org/abs/2010.03019'}
+PAPERS = {
+    'aa': 'https://arxiv.org/abs/1904.09925',
+    'gsa': 'https://arxiv.org/abs/2010.03019'
+}
 #: docs/setup.md's commands for a user of the wheel, after its install line
 USER_COMMANDS = (
     "AA=$(python -c 'import aa_det, os; "
@@ -60,9 +62,10 @@ def _requirements(name):
 
 def _configs():
     """The configs under configs/, bases excluded, as paths from the root."""
-    return sorted(osp.relpath(p, ROOT).replace(os.sep, '/')
-                  for p in glob.glob(osp.join(ROOT, 'configs', '*', '*.py'))
-                  if '_base_' not in p)
+    return sorted(
+        osp.relpath(p, ROOT).replace(os.sep, '/')
+        for p in glob.glob(osp.join(ROOT, 'configs', '*', '*.py'))
+        if '_base_' not in p)
 
 
 @pytest.fixture(scope='module')
@@ -79,12 +82,16 @@ def wheel(tmp_path_factory):
         else:
             shutil.copy(path, src / name)
     dist = tmp_path_factory.mktemp('dist')
-    out = subprocess.run(
-        [sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
-         '--no-build-isolation', '--no-index', '-w', str(dist), str(src)],
-        capture_output=True, text=True)
+    out = subprocess.run([
+        sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps',
+        '--no-build-isolation', '--no-index', '-w',
+        str(dist),
+        str(src)
+    ],
+                         capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    (path,) = glob.glob(str(dist / '*.whl'))
+    (path, ) = glob.glob(str(dist / '*.whl'))
     return path
 
 
@@ -112,19 +119,23 @@ def test_wheel_carries_configs_tools_demo_and_model_index(wheel):
     and the model index lie in aa_det/.mim; the license in the metadata."""
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-    mim = {n[len('aa_det/.mim/'):] for n in names
-           if n.startswith('aa_det/.mim/')}
+    mim = {
+        n[len('aa_det/.mim/'):]
+        for n in names if n.startswith('aa_det/.mim/')
+    }
     expected = set(_configs()) | {
         'model-index.yml', 'configs/retinanet/metafile.yml',
         'configs/imagenet/metafile.yml', 'configs/cifar/metafile.yml',
-        'configs/_base_/default_runtime.py', 'tools/train.py',
-        'tools/test.py', 'tools/env/env_check.py',
-        'demo/synthetic_shapes.py', 'demo/detection_demo.py'}
+        'configs/_base_/default_runtime.py', 'tools/train.py', 'tools/test.py',
+        'tools/env/env_check.py', 'demo/synthetic_shapes.py',
+        'demo/detection_demo.py'
+    }
     assert expected <= mim, sorted(expected - mim)
     assert not [n for n in mim if n.endswith('.sh')]  # checkout scripts
     assert not [n for n in names if n.startswith(('tests/', 'benchmarks/'))]
-    assert any(n.endswith('.dist-info/licenses/LICENSE')
-               or n.endswith('.dist-info/LICENSE') for n in names)
+    assert any(
+        n.endswith('.dist-info/licenses/LICENSE')
+        or n.endswith('.dist-info/LICENSE') for n in names)
 
 
 def test_one_version_and_no_stack_requirement(wheel):
@@ -136,11 +147,14 @@ def test_one_version_and_no_stack_requirement(wheel):
     assert version == _version_file()['__version__']
     assert osp.basename(wheel).startswith(f'aa_det-{version}-')
     names = {canonicalize_name(r.name) for r in install}
-    optional = set(STACK) | {'mmpretrain', 'model-index', 'matplotlib',
-                             'tensorboard', 'psutil'}
+    optional = set(STACK) | {
+        'mmpretrain', 'model-index', 'matplotlib', 'tensorboard', 'psutil'
+    }
     assert not names & optional, names & optional
-    assert ({str(r) for r in extras['mim']}
-            == {str(r) for r in _requirements('mminstall.txt')})
+    assert ({str(r)
+             for r in extras['mim']
+             } == {str(r)
+                   for r in _requirements('mminstall.txt')})
     assert {r.name for r in extras['cls']} == {'mmpretrain', 'model-index'}
     assert {r.name for r in extras['vis']} == {'matplotlib', 'tensorboard'}
 
@@ -150,8 +164,8 @@ def test_install_requirements_are_imported():
     tools, demo) imports: nothing unused is installed."""
     imported = set()
     for folder in ('aa_det', 'tools', 'demo'):
-        for path in glob.glob(osp.join(ROOT, folder, '**', '*.py'),
-                              recursive=True):
+        for path in glob.glob(
+                osp.join(ROOT, folder, '**', '*.py'), recursive=True):
             with open(path) as f:
                 tree = ast.parse(f.read())
             for node in ast.walk(tree):
@@ -159,9 +173,11 @@ def test_install_requirements_are_imported():
                     imported |= {a.name.split('.')[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imported.add(node.module.split('.')[0])
-    providers = {canonicalize_name(dist)
-                 for module, dists in packages_distributions().items()
-                 if module in imported for dist in dists}
+    providers = {
+        canonicalize_name(dist)
+        for module, dists in packages_distributions().items()
+        if module in imported for dist in dists
+    }
     for req in _requirements('runtime.txt'):
         assert canonicalize_name(req.name) in providers, req.name
 
@@ -171,14 +187,18 @@ def test_dry_run_install_changes_nothing_of_the_stack(wheel):
     environment (CI runs it on each tested stack, torch 2.1 included), from
     no index: everything it needs is installed, and it installs aa_det only."""
     report = osp.join(osp.dirname(wheel), 'report.json')
-    out = subprocess.run(
-        [sys.executable, '-m', 'pip', 'install', '-q', '--dry-run',
-         '--no-index', '--report', report, f'{wheel}[mim,cls,vis]'],
-        capture_output=True, text=True)
+    out = subprocess.run([
+        sys.executable, '-m', 'pip', 'install', '-q', '--dry-run',
+        '--no-index', '--report', report, f'{wheel}[mim,cls,vis]'
+    ],
+                         capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     with open(report) as f:
-        installs = [canonicalize_name(i['metadata']['name'])
-                    for i in json.load(f)['install']]
+        installs = [
+            canonicalize_name(i['metadata']['name'])
+            for i in json.load(f)['install']
+        ]
     assert installs == ['aa-det'], installs
 
 
@@ -192,12 +212,15 @@ def test_supported_versions_in_one_place():
     assert aa_det.__version__ == _version_file()['__version__']
     ranges = {Requirement(s).name: Requirement(s).specifier for s in supported}
     assert set(ranges) == set(STACK)
-    assert ({r.name: r.specifier for r in _requirements('mminstall.txt')}
-            == {k: v for k, v in ranges.items() if k.startswith('mm')})
+    assert ({r.name: r.specifier
+             for r in _requirements('mminstall.txt')
+             } == {k: v
+                   for k, v in ranges.items() if k.startswith('mm')})
     for path in glob.glob(osp.join(ROOT, 'requirements', 'constraints*.txt')):
         with open(path) as f:
-            pins = dict(line.split('#')[0].strip().split('==') for line in f
-                        if '==' in line.split('#')[0])
+            pins = dict(
+                line.split('#')[0].strip().split('==') for line in f
+                if '==' in line.split('#')[0])
         for name, spec in ranges.items():
             assert spec.contains(pins[name]), (path, name, pins[name])
     with open(osp.join(ROOT, 'setup.py')) as f:
@@ -243,8 +266,10 @@ def test_import_needs_no_optional_package(tmp_path):
             'from mmdet.registry import MODELS\n'
             'for t in ("AAResNet", "GSAResNet", "WideResNet"):\n'
             '    assert MODELS.get(t), t\n')
-    out = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                         text=True, cwd=tmp_path)
+    out = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -261,10 +286,13 @@ def _user_env(tmp_path):
     site-packages) but not aa_det, whose editable install's .pth files that
     line does not read: an existing MMDetection environment."""
     venv = tmp_path / 'user_env'
-    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)],
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip',
+                    str(venv)],
                    check=True)
-    paths = sysconfig.get_paths(vars={'base': str(venv),
-                                      'platbase': str(venv)})
+    paths = sysconfig.get_paths(vars={
+        'base': str(venv),
+        'platbase': str(venv)
+    })
     with open(osp.join(paths['purelib'], 'stack.pth'), 'w') as f:
         f.write(sysconfig.get_paths()['purelib'] + '\n')
     return venv
@@ -279,15 +307,22 @@ def test_wheel_user_trains_the_demo_with_mmdet_tools(wheel, tmp_path):
     tools/train.py trains the installed demo config."""
     venv = _user_env(tmp_path)
     python = str(venv / 'bin' / 'python')
-    assert subprocess.run([python, '-c', 'import aa_det'], cwd=tmp_path,
+    assert subprocess.run([python, '-c', 'import aa_det'],
+                          cwd=tmp_path,
                           capture_output=True).returncode != 0
     report = tmp_path / 'report.json'
-    out = subprocess.run([sys.executable, '-m', 'pip', '--python', python,
-                          'install', '-q', '--no-index', '--report',
-                          str(report), wheel], capture_output=True, text=True)
+    out = subprocess.run([
+        sys.executable, '-m', 'pip', '--python', python, 'install', '-q',
+        '--no-index', '--report',
+        str(report), wheel
+    ],
+                         capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    installs = [i['metadata']['name'] for i in
-                json.loads(report.read_text())['install']]
+    installs = [
+        i['metadata']['name']
+        for i in json.loads(report.read_text())['install']
+    ]
     assert [canonicalize_name(n) for n in installs] == ['aa-det']
     work = tmp_path / 'empty'
     work.mkdir()
@@ -298,11 +333,17 @@ def test_wheel_user_trains_the_demo_with_mmdet_tools(wheel, tmp_path):
     script = '\n'.join(('set -e', *USER_COMMANDS[:-1],
                         f'{USER_COMMANDS[-1]} --cfg-options {short}',
                         'python -c "import aa_det; print(aa_det.__file__)"'))
-    env = dict(os.environ, PATH=f'{venv / "bin"}{os.pathsep}'
-               f'{os.environ["PATH"]}', OMP_NUM_THREADS='1')
+    env = dict(
+        os.environ,
+        PATH=f'{venv / "bin"}{os.pathsep}'
+        f'{os.environ["PATH"]}',
+        OMP_NUM_THREADS='1')
     env.pop('PYTHONPATH', None)
-    out = subprocess.run(['bash', '-c', script], capture_output=True,
-                         text=True, cwd=work, env=env)
+    out = subprocess.run(['bash', '-c', script],
+                         capture_output=True,
+                         text=True,
+                         cwd=work,
+                         env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1].startswith(str(venv))
     assert (work / 'data' / 'shapes' / 'annotations' /

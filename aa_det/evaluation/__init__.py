@@ -1,4 +1,5 @@
-"""Evaluation metrics registered in mmdet's METRICS (classification uses mmpretrain's Accuracy)."""
+"""Evaluation metrics registered in mmdet's METRICS (classification uses
+mmpretrain's Accuracy)."""
 from .coco_metric import LenientCocoMetric
 
 __all__ = ['LenientCocoMetric']

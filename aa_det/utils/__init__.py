@@ -1,4 +1,5 @@
-"""Helpers every layer may import: the errors of our checks and torch-release compatibility."""
+"""Helpers every layer may import: the errors of our checks and torch-release
+compatibility."""
 from .errors import ConfigError, RunError
 
 __all__ = ['ConfigError', 'RunError']

@@ -34,8 +34,8 @@ def unsafe_checkpoint_error(path: str, global_: str) -> ConfigError:
     converter rewrites; another object needs the user's own loading."""
     runner_types = re.match(r'GLOBAL (mmengine|numpy|builtins\.getattr)',
                             global_)
-    fix = (f'convert it: {CONVERTER}' if runner_types else
-           'load it once and save only its state_dict')
+    fix = (f'convert it: {CONVERTER}'
+           if runner_types else 'load it once and save only its state_dict')
     return ConfigError(
         f'checkpoint file cannot be loaded: {path}: it holds Python objects '
         f'that safe loading refuses ({global_}); if you trust the file, '

@@ -1,28 +1,38 @@
-"""Relative positions shared by AA and GSA: offsets clipped to a table, the table read at every pair of an
-axis, the tables' initialisation, and the offsets that training reached.
+"""Relative positions shared by AA and GSA: offsets clipped to a table, the
+table read at every pair of an axis, the tables' initialisation, and the
+offsets that training reached.
 
-Bello et al. (AA, ICCV 2019) Sec. 3.2 and Shen et al. (GSA) eq. (5)-(7): one learned embedding per relative
-offset along each axis; tables of ``2 * max_dist - 1`` rows clip larger offsets to the ends (Shaw et al., 2018).
-A table trains only the rows of offsets that occur in training: :class:`TrainedOffsetRange` records, per axis,
-the largest offset a learning pass used (saved in ``state_dict``) and crops a table to those rows, so test maps
-clip larger offsets to the largest trained one (docs/design.md, "Relative embeddings at any size").
+Bello et al. (AA, ICCV 2019) Sec. 3.2 and Shen et al. (GSA) eq. (5)-(7): one
+learned embedding per relative offset along each axis; tables of
+``2 * max_dist - 1`` rows clip larger offsets to the ends (Shaw et al., 2018).
+A table trains only the rows of offsets that occur in training:
+:class:`TrainedOffsetRange` records, per axis, the largest offset a learning
+pass used (saved in ``state_dict``) and crops a table to those rows, so test
+maps clip larger offsets to the largest trained one (docs/design.md, "Relative
+embeddings at any size").
 
 Example:
     >>> import torch
-    >>> relative_embeddings(torch.arange(3.)[:, None], 3)[..., 0]  # offsets -1, 0, 1 are rows 0, 1, 2
+    >>> # offsets -1, 0, 1 are rows 0, 1, 2
+    >>> relative_embeddings(torch.arange(3.)[:, None], 3)[..., 0]
     tensor([[1., 2., 2.],
             [0., 1., 2.],
             [0., 0., 1.]])
     >>> relative_embeddings(torch.zeros(3, 4), 5).shape
     torch.Size([5, 5, 4])
-    >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(127, 8, requires_grad=True)
-    >>> rng.eval().crop(table, 0).shape  # nothing recorded yet: the whole table
+    >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(
+    ...     127, 8, requires_grad=True)
+    >>> # nothing recorded yet: the whole table
+    >>> rng.eval().crop(table, 0).shape
     torch.Size([127, 8])
-    >>> rng.train().crop(table, 0, length=10).shape  # a 10-long training map: recorded
+    >>> # a 10-long training map: recorded
+    >>> rng.train().crop(table, 0, length=10).shape
     torch.Size([127, 8])
-    >>> rng.eval().crop(table, 0, length=30).shape  # at test time: offsets clip at 9
+    >>> # at test time: offsets clip at 9
+    >>> rng.eval().crop(table, 0, length=30).shape
     torch.Size([19, 8])
-    >>> rng.crop(table, 0, length=4).shape  # a 4-long map reads offsets up to 3
+    >>> # a 4-long map reads offsets up to 3
+    >>> rng.crop(table, 0, length=4).shape
     torch.Size([7, 8])
 """
 import math
@@ -34,34 +44,42 @@ from torch import Tensor
 
 from ...utils.compat import is_capturing_graph
 
-__all__ = ['offset_index', 'relative_embeddings', 'reset_relative_tables', 'TrainedOffsetRange']
+__all__ = [
+    'offset_index', 'relative_embeddings', 'reset_relative_tables',
+    'TrainedOffsetRange'
+]
 
-
-#: :func:`offset_index` of the sizes met in eager mode, by ``(length, M, device)``
+#: :func:`offset_index` of the sizes met in eager mode, by
+#: ``(length, M, device)``
 _OFFSET_INDEX = {}
 
 
 def offset_index(length: int, M: int, device: torch.device) -> Tensor:
-    """The row of a ``2M - 1`` table that each (query, key) pair of an axis of ``length`` reads, flattened:
-    ``[L * L]``, ``clip(b - a) + M - 1``. Computed once per size in eager mode (four kernels fewer per
-    call); in a captured graph, where the length may be symbolic, computed in the graph."""
+    """The row of a ``2M - 1`` table that each (query, key) pair of an axis of
+    ``length`` reads, flattened: ``[L * L]``, ``clip(b - a) + M - 1``. Computed
+    once per size in eager mode (four kernels fewer per call); in a captured
+    graph, where the length may be symbolic, computed in the graph."""
     if is_capturing_graph():
         return _offset_index(length, M, device)
     key = (length, M, device)
     if key not in _OFFSET_INDEX:
-        with torch.inference_mode(False):  # a tensor autograd may save (index_select's backward)
+        # a tensor autograd may save (index_select's backward)
+        with torch.inference_mode(False):
             _OFFSET_INDEX[key] = _offset_index(length, M, device)
     return _OFFSET_INDEX[key]
 
 
 def _offset_index(length: int, M: int, device: torch.device) -> Tensor:
     pos = torch.arange(length, device=device)
-    return ((pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M - 1).flatten()  # b - a, clipped, as a row
+    # b - a, clipped, as a row
+    return ((pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M -
+            1).flatten()
 
 
 def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis at the pair's offset, clipped to the table, in one
-    gather (``index_select``, its gradient one ``index_add_``).
+    """The table read at every (query, key) pair of an axis at the pair's
+    offset, clipped to the table, in one gather (``index_select``, its gradient
+    one ``index_add_``).
 
     Args:
         table (Tensor): ``[2M - 1, d]``.
@@ -75,33 +93,40 @@ def relative_embeddings(table: Tensor, length: int) -> Tensor:
 
 
 def reset_relative_tables(layer: torch.nn.Module, *names: str) -> None:
-    """``layer``'s relative tables ``names`` (those it has) ~ N(0, dkh^-0.5), shared by the heads (AA paper,
-    Sec. 3.2), and its ``offset_range`` (if any) to nothing trained: AA's and GSA's construction and init_weights."""
+    """``layer``'s relative tables ``names`` (those it has) ~ N(0, dkh^-0.5),
+    shared by the heads (AA paper, Sec. 3.2), and its ``offset_range`` (if any)
+    to nothing trained: AA's and GSA's construction and init_weights."""
     with torch.no_grad():
         for name in names:
             if hasattr(layer, name):
-                getattr(layer, name).normal_(0.0, math.pow(layer.head_dim, -0.5))
+                getattr(layer, name).normal_(0.0,
+                                             math.pow(layer.head_dim, -0.5))
     if hasattr(layer, 'offset_range'):
         layer.offset_range.reset()
 
 
 class TrainedOffsetRange(BaseModule):
-    """Per-axis record (AA: height, width; GSA: column, row) of the largest offset used while the tables learned.
+    """Per-axis record (AA: height, width; GSA: column, row) of the largest
+    offset used while the tables learned.
 
-    The record is a list of Python ints (no device synchronisation), saved through ``get_extra_state``;
-    ``-1`` means nothing recorded (the whole table is used). While a graph is captured, nothing depends on
-    the map's length: a learning pass records into a non-persistent buffer (an in-graph ``clamp_``), which
-    :meth:`train` ``(False)`` and ``state_dict`` fold into the integers.
+    The record is a list of Python ints (no device synchronisation), saved
+    through ``get_extra_state``; ``-1`` means nothing recorded (the whole table
+    is used). While a graph is captured, nothing depends on the map's length: a
+    learning pass records into a non-persistent buffer (an in-graph
+    ``clamp_``), which :meth:`train` ``(False)`` and ``state_dict`` fold into
+    the integers.
 
     Args:
-        max_rel_dist (int): the tables cover offsets up to ``max_rel_dist - 1``.
+        max_rel_dist (int): the tables cover offsets up to
+            ``max_rel_dist - 1``.
     """
 
     def __init__(self, max_rel_dist: int):
         super().__init__()
         self.max_rel_dist = max_rel_dist
         self.trained = [-1, -1]
-        self.register_buffer('graph_record', torch.full((2,), -1), persistent=False)
+        self.register_buffer(
+            'graph_record', torch.full((2, ), -1), persistent=False)
         self.graph_recorded = False
 
     def reset(self):
@@ -111,9 +136,13 @@ class TrainedOffsetRange(BaseModule):
         self.graph_recorded = False
 
     def merge_graph_record(self):
-        """Fold what captured graphs recorded into :attr:`trained` (reads the buffer once)."""
+        """Fold what captured graphs recorded into :attr:`trained` (reads the
+        buffer once)."""
         if self.graph_recorded:
-            self.trained = [max(a, b) for a, b in zip(self.trained, self.graph_record.tolist())]
+            self.trained = [
+                max(a, b)
+                for a, b in zip(self.trained, self.graph_record.tolist())
+            ]
             self.graph_recorded = False
 
     def train(self, mode: bool = True):
@@ -122,24 +151,35 @@ class TrainedOffsetRange(BaseModule):
         return super().train(mode)
 
     def learns(self, table: Tensor) -> bool:
-        """``table`` learns in this pass: training mode, grad enabled, ``table.requires_grad``."""
-        return self.training and torch.is_grad_enabled() and table.requires_grad
+        """``table`` learns in this pass: training mode, grad enabled,
+        ``table.requires_grad``."""
+        return self.training and torch.is_grad_enabled(
+        ) and table.requires_grad
 
-    def crop(self, table: Tensor, axis: int, length: Optional[int] = None) -> Tensor:
-        """The rows of ``table`` that the recorded range allows, and that a map of ``length`` reads.
+    def crop(self,
+             table: Tensor,
+             axis: int,
+             length: Optional[int] = None) -> Tensor:
+        """The rows of ``table`` that the recorded range allows, and that a map
+        of ``length`` reads.
 
         Args:
-            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``; where it :meth:`learns`,
-                ``length`` widens the record first.
+            table (Tensor): ``[2M - 1, d]`` relative embeddings of ``axis``;
+                where it :meth:`learns`, ``length`` widens the record first.
             axis (int): which record.
-            length (int, optional): the map's length along ``axis``; needed when learning.
+            length (int, optional): the map's length along ``axis``; needed
+                when learning.
 
         Returns:
-            Tensor: in a learning pass the whole table; otherwise ``[2m - 1, d]``, ``m = min(M, trained + 1,
-            length)``, a view of the middle rows; without a record ``m = min(M, length)``.
+            Tensor: in a learning pass the whole table; otherwise
+            ``[2m - 1, d]``, ``m = min(M, trained + 1, length)``, a view of the
+            middle rows; without a record ``m = min(M, length)``.
         """
-        M, in_graph = self.max_rel_dist, is_capturing_graph()  # in a graph nothing depends on ``length``: no guard
-        if self.learns(table):  # the map reads offsets up to length - 1 only: every kernel cuts what it reads
+        # in a graph nothing depends on ``length``: no guard
+        M, in_graph = self.max_rel_dist, is_capturing_graph()
+        # the map reads offsets up to length - 1 only: every kernel cuts what
+        # it reads
+        if self.learns(table):
             if in_graph:  # a tensor record, no size baked in
                 self.graph_record[axis].clamp_(min=length - 1)
                 self.graph_recorded = True
@@ -158,14 +198,16 @@ class TrainedOffsetRange(BaseModule):
     def set_extra_state(self, state: Tensor):
         self.trained = [int(v) for v in state.tolist()]
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        """A checkpoint without a record (older than it) loads as 'nothing recorded'."""
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
+        """A checkpoint without a record (older than it) loads as 'nothing
+        recorded'."""
         key = prefix + '_extra_state'  # nn.Module's key for get_extra_state
         if key not in state_dict:
             self.reset()
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata,
+                                      strict, missing_keys, unexpected_keys,
+                                      error_msgs)
         if key in missing_keys:
             missing_keys.remove(key)
 

@@ -1,6 +1,7 @@
-# The embedded demo dataset: demo/synthetic_shapes.py writes it (demo/detection_demo.py does).
-# CheckedCocoDataset: mmdet's CocoDataset, which checks its files, classes and images when built;
-# LenientCocoMetric: mmdet's CocoMetric, which also evaluates annotation files without `info`.
+# The embedded demo dataset: demo/synthetic_shapes.py writes it
+# (demo/detection_demo.py does). CheckedCocoDataset: mmdet's CocoDataset, which
+# checks its files, classes and images when built; LenientCocoMetric: mmdet's
+# CocoMetric, which also evaluates annotation files without `info`.
 dataset_type = 'CheckedCocoDataset'
 data_root = 'data/shapes/'
 metainfo = dict(classes=('circle', 'square', 'triangle'))
@@ -10,9 +11,17 @@ train_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
     dict(type='LoadAnnotations', with_bbox=True),
     # the paper's multiscale jitter, scaled to the demo's 128 px images
-    dict(type='RandomResize', scale=(128, 128), ratio_range=(0.8, 1.2), keep_ratio=True),
-    dict(type='RandomCrop', crop_type='absolute_range', crop_size=(128, 128),
-         recompute_bbox=True, allow_negative_crop=True),
+    dict(
+        type='RandomResize',
+        scale=(128, 128),
+        ratio_range=(0.8, 1.2),
+        keep_ratio=True),
+    dict(
+        type='RandomCrop',
+        crop_type='absolute_range',
+        crop_size=(128, 128),
+        recompute_bbox=True,
+        allow_negative_crop=True),
     dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackDetInputs')
@@ -21,8 +30,10 @@ test_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
     dict(type='Resize', scale=(128, 128), keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor'))
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                   'scale_factor'))
 ]
 train_dataloader = dict(
     batch_size=8,

@@ -281,19 +281,14 @@ def _counted_sdpa(q,
     return fused_sdpa(q, k, v, q.shape[-1]**-0.5 if scale is None else scale)
 
 
-def _relative_bias(rel_h, rel_w):
+def _relative_bias(rel, rows_h):
     """``[B, Nh, N, H, W]`` (in float32): query ``i``'s relative logit with key
-    ``(h_j, w_j)``, ``rel_h[.., i, h_j] + rel_w[.., i, w_j]``, and the
-    key-position index of each table.
-
-    Takes the relative logits by key row and column (``[B, Nh, N, H]``,
-    ``[B, Nh, N, W]``), or by offset (``[B, Nh, H, W, 2m - 1]``, offsets beyond
-    ``m - 1`` clipped), which are gathered into the former; the index (None for
-    the former) maps the gradient back."""
-    if rel_h.dim() == 4:
-        return rel_h.float()[..., None] + rel_w.float()[...,
-                                                        None, :], None, None
-    B, Nh, H, W = rel_h.shape[:4]
+    ``(h_j, w_j)``, ``S^H[.., i, h_j] + S^W[.., i, w_j]``, gathered from the
+    relative logits by offset ``rel`` ``[B, Nh, H, W, 2 mh - 1 + 2 mw - 1]``
+    (the first ``rows_h`` rows ``r^H``'s, offsets beyond ``m - 1`` clipped);
+    and the offset index of each table, which maps the gradient back."""
+    B, Nh, H, W = rel.shape[:4]
+    rel_h, rel_w = rel.float().split([rows_h, rel.shape[-1] - rows_h], -1)
 
     # [length (query), length (key)]: the offset's row, clipped
     def index(length, rows):
@@ -304,49 +299,46 @@ def _relative_bias(rel_h, rel_w):
                                         None, :].expand(B, Nh, H, W, H)
     index_w = index(W, rel_w.shape[-1])[None, None,
                                         None].expand(B, Nh, H, W, W)
-    by_key_h = rel_h.float().gather(-1, index_h).flatten(2, 3)  # [B, Nh, N, H]
-    by_key_w = rel_w.float().gather(-1, index_w).flatten(2, 3)  # [B, Nh, N, W]
+    by_key_h = rel_h.gather(-1, index_h).flatten(2, 3)  # [B, Nh, N, H]
+    by_key_w = rel_w.gather(-1, index_w).flatten(2, 3)  # [B, Nh, N, W]
     return by_key_h[..., None] + by_key_w[..., None, :], index_h, index_w
 
 
-def _flex_probabilities(q, k, rel_h, rel_w, scale):
+def _flex_probabilities(q, k, rel, rows_h, scale):
     """Softmax of ``scale q k^T`` plus the relative logits, in float32; and the
     indices of :func:`_relative_bias`."""
     logits = q.float() @ k.float().transpose(-1, -2) * scale  # [B, Nh, N, N]
     index_h = index_w = None
-    if rel_h is not None:
-        bias, index_h, index_w = _relative_bias(rel_h, rel_w)
+    if rel is not None:
+        bias, index_h, index_w = _relative_bias(rel, rows_h)
         logits = logits + bias.flatten(-2)
     return logits.softmax(-1), index_h, index_w
 
 
 @torch.library.custom_op('aa_bench::flex_attention', mutates_args=())
 def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   rel_h: Optional[torch.Tensor],
-                   rel_w: Optional[torch.Tensor],
+                   rel: Optional[torch.Tensor], rows_h: int,
                    scale: float) -> torch.Tensor:
     """AA's FlexAttention as one op, ``softmax(scale q k^T + S^H + S^W) v``:
     the fused Triton kernel CUDA runs, its ``score_mod`` adding the relative
-    logits read from ``rel_h`` and ``rel_w`` (:func:`_relative_bias`)."""
-    p, _, _ = _flex_probabilities(q, k, rel_h, rel_w, scale)
+    logits read from ``rel`` (:func:`_relative_bias`)."""
+    p, _, _ = _flex_probabilities(q, k, rel, rows_h, scale)
     return _laid_out([p @ v.float()], [q])[0]
 
 
-#: gradients of q, k, v, rel_h and rel_w
-FlexGrads = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                  torch.Tensor]
+#: gradients of q, k, v and rel
+FlexGrads = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @torch.library.custom_op('aa_bench::flex_attention_backward', mutates_args=())
 def flex_attention_backward(grad: torch.Tensor, q: torch.Tensor,
                             k: torch.Tensor, v: torch.Tensor,
-                            rel_h: Optional[torch.Tensor],
-                            rel_w: Optional[torch.Tensor],
+                            rel: Optional[torch.Tensor], rows_h: int,
                             scale: float) -> FlexGrads:
     """Its backward as one op (FlexAttention's kernel takes the gradients of
-    the tensors its ``score_mod`` reads too): ``dq, dk, dv, drel_h, drel_w``
-    (the last two empty without relative logits)."""
-    p, index_h, index_w = _flex_probabilities(q, k, rel_h, rel_w, scale)
+    the tensors its ``score_mod`` reads too): ``dq, dk, dv, drel`` (the last
+    empty without relative logits)."""
+    p, index_h, index_w = _flex_probabilities(q, k, rel, rows_h, scale)
     g, qf, kf, vf = (t.float() for t in (grad, q, k, v))
     dp = g @ vf.transpose(-1, -2)
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))  # d logits, [B, Nh, N, N]
@@ -356,45 +348,42 @@ def flex_attention_backward(grad: torch.Tensor, q: torch.Tensor,
         p.transpose(-1, -2) @ g
     ]
     grads = _laid_out(grads, (q, k, v))
-    if rel_h is None:
-        return (*grads, q.new_empty(0), q.new_empty(0))
-    H, W = (rel_h.shape[-1],
-            rel_w.shape[-1]) if index_h is None else rel_h.shape[2:4]
+    if rel is None:
+        return (*grads, q.new_empty(0))
+    B, Nh, H, W = rel.shape[:4]
     # [B, Nh, N, H], [B, Nh, N, W]
     d_h, d_w = ds.unflatten(-1, (H, W)).sum(-1), ds.unflatten(-1,
                                                               (H, W)).sum(-2)
-    if index_h is not None:  # back to the offsets' rows
-        d_h = d_h.new_zeros(rel_h.shape).scatter_add_(
-            -1, index_h, d_h.unflatten(2, rel_h.shape[2:4]))
-        d_w = d_w.new_zeros(rel_w.shape).scatter_add_(
-            -1, index_w, d_w.unflatten(2, rel_w.shape[2:4]))
-    # contiguous, as the kernel's scatter writes them
-    return (*grads, d_h.to(rel_h.dtype), d_w.to(rel_w.dtype))
+    # back to the offsets' rows
+    d_rel = rel.new_zeros(rel.shape, dtype=torch.float32)
+    d_rel[..., :rows_h].scatter_add_(-1, index_h, d_h.unflatten(2, (H, W)))
+    d_rel[..., rows_h:].scatter_add_(-1, index_w, d_w.unflatten(2, (H, W)))
+    # contiguous, as the kernel's scatter writes it
+    return (*grads, d_rel.to(rel.dtype))
 
 
 @flex_attention.register_fake
-def _(q, k, v, rel_h, rel_w, scale):
+def _(q, k, v, rel, rows_h, scale):
     return _dense_like(q, (*q.shape[:-1], v.shape[-1]))
 
 
 @flex_attention_backward.register_fake
-def _(grad, q, k, v, rel_h, rel_w, scale):
-    rel = (q.new_empty(0), ) * 2 if rel_h is None else (rel_h.new_empty(
-        rel_h.shape), rel_w.new_empty(rel_w.shape))
-    return _dense_like(q), _dense_like(k), _dense_like(v), *rel
+def _(grad, q, k, v, rel, rows_h, scale):
+    d_rel = q.new_empty(0) if rel is None else rel.new_empty(rel.shape)
+    return _dense_like(q), _dense_like(k), _dense_like(v), d_rel
 
 
 def _flex_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5])
-    ctx.scale = inputs[5]
+    ctx.save_for_backward(*inputs[:4])
+    ctx.rows_h, ctx.scale = inputs[4:6]
 
 
 def _flex_backward(ctx, grad):
     # once: a checkpointed block's tensors unpack once
     saved = ctx.saved_tensors
-    dq, dk, dv, d_h, d_w = flex_attention_backward(grad, *saved, ctx.scale)
-    return (dq, dk, dv, *((None, None) if saved[3] is None else
-                          (d_h, d_w)), None)
+    dq, dk, dv, d_rel = flex_attention_backward(grad, *saved, ctx.rows_h,
+                                                ctx.scale)
+    return dq, dk, dv, None if saved[3] is None else d_rel, None, None
 
 
 flex_attention.register_autograd(
@@ -430,10 +419,11 @@ def _flex_attention_backward_flops(grad_shape, q_shape, k_shape, v_shape,
         *_flex_shapes(grad_shape, q_shape, k_shape, v_shape))
 
 
-def _counted_flex(q, k, v, rel_h, rel_w, scale=1.0):
-    """``aa_conv.attention_flex`` while counting: the stand-in op (``scale`` 1
-    where ``q`` is scaled)."""
-    return flex_attention(q, k, v, rel_h, rel_w, float(scale))
+def _counted_flex(q, k, v, rel, rows_h, scale, rel_scale=None):
+    """``aa_conv.attention_flex`` while counting: the stand-in op (eager, where
+    ``rel_scale`` is ``scale``)."""
+    assert rel_scale in (None, scale)
+    return flex_attention(q, k, v, rel, int(rows_h), float(scale))
 
 
 # the in-place product (GSA's content gradient) as the out-of-place one

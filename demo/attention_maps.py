@@ -65,8 +65,8 @@ def aa_weights(conv: AAConv2d, x: Tensor, queries: Tensor) -> Tensor:
     if conv.position == 'relative':
         table_h, table_w = conv.relative_tables(h, w)
         rel_h, rel_w = relative_logits(
-            q.unflatten(2, (h, w)), relative_embeddings(table_h, h),
-            relative_embeddings(table_w, w))
+            q.unflatten(2, (h, w)),
+            *relative_embeddings([table_h, table_w], [h, w]))
         logits = (logits.view(*logits.shape[:3], h, w) +
                   rel_h[:, :, idx, :, None] +
                   rel_w[:, :, idx, None, :]).flatten(-2)
@@ -101,7 +101,7 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor,
     col = row = None
     if 'column' in gsa.components:
         table = gsa.offset_range.crop(gsa.rel_col, 0, H)
-        emb = relative_embeddings(table, H)[rows]  # [P, H, dkh]
+        emb = relative_embeddings([table], [H])[0][rows]  # [P, H, dkh]
         # column weights of every pixel (x_p, j) of the query's row, over rows
         # i
         col = gsa.scale_axial(
@@ -109,7 +109,7 @@ def gsa_weights(gsa: GlobalSelfAttention2d, x: Tensor,
             'column', H)
     if 'row' in gsa.components:
         table = gsa.offset_range.crop(gsa.rel_row, 1, W)
-        emb = relative_embeddings(table, W)[cols]  # [P, W, dkh]
+        emb = relative_embeddings([table], [W])[0][cols]  # [P, W, dkh]
         # [B, Nh, P, W]
         row = gsa.scale_axial(
             torch.einsum('bnkp,pjk->bnpj', q_p, emb), 'row', W)

@@ -43,24 +43,30 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor,
     return out
 
 
-def flex_attention_dense(q: Tensor, k: Tensor, v: Tensor,
-                         rel_h: Optional[Tensor], rel_w: Optional[Tensor],
-                         scale: float) -> Tensor:
+def flex_attention_dense(q: Tensor,
+                         k: Tensor,
+                         v: Tensor,
+                         rel: Optional[Tensor],
+                         rows_h: int,
+                         scale: float,
+                         rel_scale: Optional[float] = None) -> Tensor:
     """FlexAttention's math, differentiable on the CPU (where FlexAttention has
     no backward): every score of ``scale q k^T``, the layer's ``score_mod``
     applied elementwise on broadcast index grids, softmax, ``@ v``. A stand-in
     for ``aa_conv.attention_flex`` (same arguments) whose gradients reach
-    ``rel_h`` and ``rel_w``."""
+    ``rel``."""
     from aa_det.models.layers.aa_conv import relative_score_mod
     B, Nh, N, _ = q.shape
     score = (q @ k.transpose(-1, -2)).float(
     ) * scale if q.dtype != torch.float64 else q @ k.transpose(-1, -2) * scale
-    if rel_h is not None:
+    if rel is not None:
         b, n = torch.arange(B)[:, None, None,
                                None], torch.arange(Nh)[None, :, None, None]
         i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
         # [B, Nh, N (i), N (j)]
-        score = relative_score_mod(rel_h, rel_w, scale)(score, b, n, i, j)
+        score = relative_score_mod(
+            rel, rows_h, scale if rel_scale is None else rel_scale)(score, b,
+                                                                    n, i, j)
     return score.softmax(-1).to(v.dtype) @ v
 
 

@@ -101,9 +101,9 @@ def test_fused_aa_kernel_runs_on_the_autocast_dtype_within_pytorchs_sdpa_error(
     ours = _grads(out, gout, (qs, ks, vs, ths, tws))
     qt, kt, vt = (t.to(dtype).requires_grad_() for t in (q, k, v))
     tht, twt = (t.float().requires_grad_() for t in (th, tw))
-    rel_h, rel_w = aa_conv.relative_logits(qt.float().unflatten(2, (H, W)),
-                                           relative_embeddings(tht, H),
-                                           relative_embeddings(twt, W))
+    rel_h, rel_w = aa_conv.relative_logits(
+        qt.float().unflatten(2, (H, W)),
+        *relative_embeddings([tht, twt], [H, W]))
     # [B, Nh, HW, HW]
     bias = (rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)
     torchs = _grads(
@@ -217,6 +217,31 @@ def test_gsa_casts_once_in_and_once_out_under_fp16_autocast():
     assert forward.casts == [(torch.float16, torch.bfloat16)], forward.casts
     assert backward.casts == [(torch.float32, torch.bfloat16),
                               (torch.bfloat16, torch.float16)], backward.casts
+
+
+@pytest.mark.skipif(
+    not HAS_FLEX_ATTENTION,
+    reason='FlexAttention with gradients of its score_mod needs torch >= 2.6')
+def test_flex_traced_in_a_graph_matches_eager_flex():
+    """Traced with ``dynamic=True``, ``fullgraph=True`` (CUDA's choices
+    forced; FlexAttention's forward, which the CPU runs), the AA layer gives
+    eager's output at two sizes from one graph: the relative logits' factor,
+    symbolic in the graph, reaches them through the tables instead of the
+    score_mod."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    module = AAConv2d(16, 32, 3, num_heads=2, min_key_dim_per_head=8).eval()
+    compiled = torch.compile(
+        module, fullgraph=True, dynamic=True, backend='aot_eager')
+    inputs = [torch.randn(2, 16, H, W) for H, W in ((7, 9), (12, 10))]
+    with forced_device_policy('cuda'), torch.no_grad():
+        outs = [compiled(x) for x in inputs]
+        # before eager FlexAttention on the CPU compiles graphs of its own
+        assert counters['stats']['unique_graphs'] == 1
+        for x, out in zip(inputs, outs):
+            torch.testing.assert_close(out, module(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.cuda

@@ -87,10 +87,15 @@ def test_axial_attention_chunks_match_loop_reference(H, W, max_dist):
     """Column and row attention computed in chunks of one sequence: outputs and
     gradients exact."""
     from aa_det.models.layers.gsa import column_attention
+    from aa_det.models.layers.relative_position import relative_embeddings
+
+    def col_attention(q, v, table, chunk_logits):
+        emb, = relative_embeddings([table], [q.shape[-2]])
+        return column_attention(q, v, emb, chunk_logits)
 
     # as the layer computes it: columns of the transposed maps
     def row_attention(q, v, table, chunk_logits):
-        return column_attention(
+        return col_attention(
             q.transpose(-1, -2), v.transpose(-1, -2), table,
             chunk_logits).transpose(-1, -2)
 
@@ -116,8 +121,8 @@ def test_axial_attention_chunks_match_loop_reference(H, W, max_dist):
                 v[..., x, j] for j in range(W)) for y in range(W)
         ], -1) for x in range(H)
     ], -2)
-    for fn, ref in ((column_attention, ref_col), (row_attention, ref_row)):
-        length = H if fn is column_attention else W
+    for fn, ref in ((col_attention, ref_col), (row_attention, ref_row)):
+        length = H if fn is col_attention else W
         # one sequence per chunk
         out = fn(q, v, table, chunk_logits=length * (2 * length - 1))
         torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)

@@ -43,8 +43,8 @@ def _aa_run(kind, inputs, dtype, H=12, W=10, device='cpu'):
         out = relative_attention(qs, ks, vs, ths, tws, H, W, impl='sdpa')
     else:
         rel_h, rel_w = relative_logits(
-            qs.to(acc).unflatten(2, (H, W)), relative_embeddings(ths, H),
-            relative_embeddings(tws, W))
+            qs.to(acc).unflatten(2, (H, W)),
+            *relative_embeddings([ths, tws], [H, W]))
         # [B, Nh, HW, HW]
         bias = (rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)).flatten(-2)
         out = F.scaled_dot_product_attention(
@@ -89,8 +89,8 @@ def test_fp16_fold_stays_finite_and_exact_beyond_fp16_range(
     assert all(torch.isfinite(t).all() for t in (out, *grads))
     q16, k16, v16 = (t.half().float() for t in (q, k, v))
     rel_h, rel_w = relative_logits(
-        q16.unflatten(2, (12, 10)), relative_embeddings(th.float(), 12),
-        relative_embeddings(tw.float(), 10))
+        q16.unflatten(2, (12, 10)),
+        *relative_embeddings([th.float(), tw.float()], [12, 10]))
     s = 2.0**torch.frexp(
         torch.maximum(rel_h.abs().amax(),
                       rel_w.abs().amax()) / 2**14).exponent.clamp(0, 15)
@@ -112,11 +112,17 @@ def _gsa_inputs(seed, B=2, Nh=4, dk=8, dv=8, H=24, W=20):
             rnd(63, dk) * dk**-0.5, rnd(B, Nh, dv, H, W))
 
 
+def _emb(table, q, axis):
+    """The module's embeddings of ``table`` for ``q``'s ``axis`` (-2: column,
+    -1: row), in ``q``'s dtype."""
+    return relative_embeddings([table], [q.shape[axis]], q.dtype)[0]
+
+
 GSA_KERNELS = {
     'content': lambda q, k, v, t: content_attention(q, k, v),
-    'column': lambda q, k, v, t: column_attention(q, v, t),
+    'column': lambda q, k, v, t: column_attention(q, v, _emb(t, q, -2)),
     # as the layer: transposed maps
-    'row': lambda q, k, v, t: column_attention(q.mT, v.mT, t).mT
+    'row': lambda q, k, v, t: column_attention(q.mT, v.mT, _emb(t, q, -1)).mT
 }
 
 

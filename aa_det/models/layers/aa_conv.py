@@ -502,19 +502,20 @@ def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
     return F.scaled_dot_product_attention(q, k, v, scale=1.0)[..., :dv]
 
 
-def relative_score_mod(rel_h: Tensor,
-                       rel_w: Tensor,
+def relative_score_mod(rel: Tensor,
+                       rows_h: int,
                        scale: float = 1.0) -> Callable:
     """FlexAttention's ``score_mod`` adding eq. (3)'s relative logits, scaled
     as the score: query ``i`` at ``(h_i, w_i)`` and key ``j`` at ``(h_j, w_j)``
-    of a map of width ``W`` get ``rel_h[.., h_i, w_i, h_j - h_i]`` and
-    ``rel_w[.., w_j - w_i]``, offsets clipped to the rows given.
+    of a map of width ``W`` get ``S^H = rel[.., h_i, w_i, h_j - h_i]`` (the
+    first ``rows_h`` rows) and ``S^W = rel[.., w_j - w_i]`` (the others),
+    offsets clipped to the rows given.
 
     Args:
-        rel_h (Tensor): ``[B, Nh, H, W, 2 mh - 1]``, ``q_i . r^H[o]`` of every
-            query and offset ``o = -(mh - 1) .. mh - 1``
-            (:func:`offset_logits`); rel_w (Tensor):
-            ``[B, Nh, H, W, 2 mw - 1]``.
+        rel (Tensor): ``[B, Nh, H, W, 2 mh - 1 + 2 mw - 1]``, ``q_i . r^H[o]``
+            of every query and offset ``o = -(mh - 1) .. mh - 1``, then
+            ``q_i . r^W[o]`` (:func:`offset_logits`).
+        rows_h (int): ``2 mh - 1``, the rows of ``r^H``.
         scale (float): the factor of the score ``q_i . k_j``, applied to the
             relative logits too.
 
@@ -524,14 +525,13 @@ def relative_score_mod(rel_h: Tensor,
     """
 
     def relative_score(score, b, n, i, j):
-        W, mh, mw = rel_h.shape[3], (rel_h.shape[4] +
-                                     1) // 2, (rel_w.shape[4] + 1) // 2
+        W, mh, mw = rel.shape[3], (rows_h + 1) // 2, (rel.shape[4] - rows_h +
+                                                      1) // 2
         hi, wi, hj, wj = i // W, i % W, j // W, j % W
-        # the offset's row of the table
+        # the offset's row of the tables
         dh = (hj - hi).clamp(1 - mh, mh - 1) + mh - 1
-        dw = (wj - wi).clamp(1 - mw, mw - 1) + mw - 1
-        return score + scale * (
-            rel_h[b, n, hi, wi, dh] + rel_w[b, n, hi, wi, dw])
+        dw = (wj - wi).clamp(1 - mw, mw - 1) + mw - 1 + rows_h
+        return score + scale * (rel[b, n, hi, wi, dh] + rel[b, n, hi, wi, dw])
 
     return relative_score
 
@@ -558,30 +558,47 @@ def _compiled_flex_attention() -> Callable:
     return torch.compile(flex_attention, dynamic=True)
 
 
-def attention_flex(q: Tensor, k: Tensor, v: Tensor, rel_h: Optional[Tensor],
-                   rel_w: Optional[Tensor], scale: float) -> Tensor:
+def attention_flex(q: Tensor,
+                   k: Tensor,
+                   v: Tensor,
+                   rel: Optional[Tensor],
+                   rows_h: int,
+                   scale: float,
+                   rel_scale: Optional[float] = None) -> Tensor:
     """Eq. (3) in FlexAttention: ``softmax(scale (q k^T + S^H + S^W)) v``, the
     relative logits added inside the fused kernel by :func:`relative_score_mod`
-    (no ``(HW)^2`` logits kept; the kernel's backward takes the gradients of
-    ``rel_h`` and ``rel_w`` too). Eager CUDA callers get it compiled; a graph
-    traces it as it is; eager CPU callers (tests) get torch's dense reference
-    of it, forward only.
+    (no ``(HW)^2`` logits kept; the kernel's backward takes the gradient of
+    ``rel`` too). Eager CUDA callers get it compiled; a graph traces it as it
+    is; eager CPU callers (tests) get torch's dense reference of it, forward
+    only.
 
     Args:
         q, k (Tensor): ``[B, Nh, HW, d]``; v (Tensor): ``[B, Nh, HW, dv]``;
             head dims at least :data:`FLEX_MIN_HEAD_DIM`.
-        rel_h, rel_w (Tensor | None): :func:`offset_logits` of the queries, or
-        None (no position term).
+        rel (Tensor | None): :func:`offset_logits` of the queries for both
+            tables, or None (no position term).
+        rows_h (int): the rows of ``rel`` that are ``r^H``'s.
         scale (float): the factor of the logits.
+        rel_scale (float, optional): the factor of ``rel``'s logits. Defaults
+            to ``scale``.
 
     Returns:
         Tensor: ``[B, Nh, HW, dv]``.
     """
-    score_mod = None if rel_h is None else relative_score_mod(
-        rel_h, rel_w, scale)
+    score_mod = None if rel is None else relative_score_mod(
+        rel, rows_h, scale if rel_scale is None else rel_scale)
     flex = _compiled_flex_attention(
     ) if q.is_cuda and not is_capturing_graph() else flex_attention
     return flex(q, k, v, score_mod=score_mod, scale=scale)
+
+
+def pad_head_dim(t: Tensor, size: int) -> Tensor:
+    """``t`` ``[B, Nh, N, d]`` zero-padded to head dim ``size``, the padding
+    written along ``N``'s stride-1 layout that the qkv conv leaves (its
+    gradient goes back to the conv without a copy)."""
+    pad = size - t.shape[-1]
+    return F.pad(t.transpose(-1, -2),
+                 (0, 0, 0, pad)).transpose(-1, -2) if pad > 0 else t
 
 
 def _relative_attention_flex(q: Tensor, k: Tensor, v: Tensor,
@@ -593,17 +610,18 @@ def _relative_attention_flex(q: Tensor, k: Tensor, v: Tensor,
     kernel), head dims zero-padded to what the kernel takes (zero channels add
     nothing to the logits, and the output's extra channels are dropped)."""
     dv = v.shape[-1]
-    rel_h = rel_w = None
+    rel, rows_h, rel_scale = None, 0, scale
     if table_h is not None:
         # [2mh - 1 + 2mw - 1, d]
         tables = torch.cat([table_h, table_w]).to(q.dtype)
-        rel_h, rel_w = offset_logits(q, tables, H, W).split(
-            [table_h.shape[0], table_w.shape[0]], -1)
-    q, k, v = (
-        F.pad(t, (0, FLEX_MIN_HEAD_DIM -
-                  t.shape[-1])) if t.shape[-1] < FLEX_MIN_HEAD_DIM else t
-        for t in (q, k, v))
-    return attention_flex(q, k, v, rel_h, rel_w, scale)[..., :dv]
+        rel_scale = scale
+        # a traced score_mod takes no float that dynamic=True makes symbolic:
+        # in a graph the tables carry the factor (fused into their cast)
+        if is_capturing_graph():
+            tables, rel_scale = tables * scale, 1.0
+        rel, rows_h = offset_logits(q, tables, H, W), table_h.shape[0]
+    q, k, v = (pad_head_dim(t, FLEX_MIN_HEAD_DIM) for t in (q, k, v))
+    return attention_flex(q, k, v, rel, rows_h, scale, rel_scale)[..., :dv]
 
 
 def attention_kernel(impl: str, q: Tensor) -> str:
@@ -673,9 +691,9 @@ def relative_attention(q: Tensor,
         rel_dtype = torch.promote_types(dtype, torch.float32)
         # the tables read at every (query, key) offset: [H, H, d], [W, W, d]
         if table_h is not None:
-            emb_h, emb_w = relative_embeddings(table_h.to(rel_dtype),
-                                               H), relative_embeddings(
-                                                   table_w.to(rel_dtype), W)
+            emb_h, emb_w = relative_embeddings(
+                [table_h.to(rel_dtype),
+                 table_w.to(rel_dtype)], [H, W])
         if impl == 'blocked':
             out = attention_blocked(q, k, v, emb_h, emb_w, H, W, block_logits)
         else:  # the relative logits of every query at once

@@ -171,7 +171,7 @@ class _ChunkedColumns(torch.autograd.Function):
 
 def column_attention(q: Tensor,
                      v: Tensor,
-                     table: Tensor,
+                     emb: Tensor,
                      chunk_logits: Optional[int] = None) -> Tensor:
     """Column-only positional attention, appendix eq. (5)-(7):
     ``out[x, y] = sum_i (q[x, y] . R[i - x]) v[i, y]`` (no softmax, as eq.
@@ -184,8 +184,9 @@ def column_attention(q: Tensor,
     Args:
         q (Tensor): ``[B, Nh, dkh, H, W]``; v (Tensor): ``[B, Nh, dvh, H, W]``,
             of one dtype.
-        table (Tensor): ``[2M - 1, dkh]``; offsets beyond ``M - 1`` are
-            clipped.
+        emb (Tensor): ``[H (x), H (i), dkh]``, ``R[i - x]``: the relative
+            table read at every pair of the column
+            (:func:`.relative_embeddings`), in ``q``'s dtype.
         chunk_logits (int, optional): logits per chunk. Defaults to the
             device's (:mod:`.device_policy`).
 
@@ -193,10 +194,6 @@ def column_attention(q: Tensor,
         Tensor: ``[B, Nh, dvh, H, W]``.
     """
     B, Nh, _, H, W = q.shape
-    # [H (x), H (i), dkh] in q's dtype; the gather and its gradient's sum in
-    # float32
-    emb = relative_embeddings(
-        table.to(torch.promote_types(q.dtype, torch.float32)), H).to(q.dtype)
     if is_capturing_graph():
         return _columns(q, v, emb)
     chunk_logits = chunk_logits or device_policy(q.device).gsa_chunk_logits
@@ -341,6 +338,21 @@ class GlobalSelfAttention2d(BaseModule):
         super().init_weights()
         reset_relative_tables(self, 'rel_col', 'rel_row')
 
+    def axial_embeddings(self, H: int, W: int, dtype: torch.dtype) -> list:
+        """The column and row tables (those of :attr:`components`), cropped
+        (:class:`TrainedOffsetRange`), read at every pair of their axis in one
+        gather: ``[H, H, dkh]``, ``[W, W, dkh]`` in ``dtype``; the gather and
+        its gradient's sum in float32 (or float64)."""
+        tables, lengths = [], []
+        for name, axis, length in (('column', 0, H), ('row', 1, W)):
+            if name in self.components:
+                table = self.rel_col if axis == 0 else self.rel_row
+                tables.append(
+                    self.offset_range.crop(table, axis, length).to(
+                        torch.promote_types(dtype, torch.float32)))
+                lengths.append(length)
+        return relative_embeddings(tables, lengths, dtype) if tables else []
+
     def attention(self, x: Tensor) -> Tensor:
         """Content plus positional attention of ``x`` ``[B, C, H, W]``, before
         the stride's pool: ``[B, out_channels, H, W]``."""
@@ -363,20 +375,18 @@ class GlobalSelfAttention2d(BaseModule):
         with torch.autocast(x.device.type, enabled=False):
             out = content_attention(q, k,
                                     v) if 'content' in self.components else 0
-            pos = v
+            pos, embs = v, iter(self.axial_embeddings(H, W, q.dtype))
             if 'column' in self.components:
-                table = self.offset_range.crop(self.rel_col, 0, H)
                 pos = self.scale_axial(
-                    column_attention(q, pos, table), 'column', H)
+                    column_attention(q, pos, next(embs)), 'column', H)
                 if 'row' in self.components:
                     pos = self.norm_col(pos.reshape(B, -1, H,
                                                     W)).view(pos.shape)
             # column attention of the transposed maps
             if 'row' in self.components:
-                table = self.offset_range.crop(self.rel_row, 1, W)
                 pos = column_attention(
                     q.transpose(-1, -2), pos.transpose(-1, -2),
-                    table).transpose(-1, -2)
+                    next(embs)).transpose(-1, -2)
                 pos = self.scale_axial(pos, 'row', W)
             if 'column' in self.components or 'row' in self.components:
                 out = out + pos  # [B, Nh, dvh, H, W]

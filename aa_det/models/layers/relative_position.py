@@ -14,12 +14,15 @@ embeddings at any size").
 Example:
     >>> import torch
     >>> # offsets -1, 0, 1 are rows 0, 1, 2
-    >>> relative_embeddings(torch.arange(3.)[:, None], 3)[..., 0]
+    >>> emb, = relative_embeddings([torch.arange(3.)[:, None]], [3])
+    >>> emb[..., 0]
     tensor([[1., 2., 2.],
             [0., 1., 2.],
             [0., 0., 1.]])
-    >>> relative_embeddings(torch.zeros(3, 4), 5).shape
-    torch.Size([5, 5, 4])
+    >>> # two tables, two axes, one gather
+    >>> [e.shape for e in relative_embeddings([torch.zeros(3, 4)] * 2,
+    ...                                       [5, 2])]
+    [torch.Size([5, 5, 4]), torch.Size([2, 2, 4])]
     >>> rng, table = TrainedOffsetRange(max_rel_dist=64), torch.zeros(
     ...     127, 8, requires_grad=True)
     >>> # nothing recorded yet: the whole table
@@ -36,7 +39,7 @@ Example:
     torch.Size([7, 8])
 """
 import math
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from mmengine.model import BaseModule
@@ -49,47 +52,63 @@ __all__ = [
     'TrainedOffsetRange'
 ]
 
-#: :func:`offset_index` of the sizes met in eager mode, by
-#: ``(length, M, device)``
+#: :func:`offset_index` of the axes met in eager mode, by ``(axes, device)``
 _OFFSET_INDEX = {}
 
 
-def offset_index(length: int, M: int, device: torch.device) -> Tensor:
-    """The row of a ``2M - 1`` table that each (query, key) pair of an axis of
-    ``length`` reads, flattened: ``[L * L]``, ``clip(b - a) + M - 1``. Computed
-    once per size in eager mode (four kernels fewer per call); in a captured
-    graph, where the length may be symbolic, computed in the graph."""
+def offset_index(axes: Tuple[Tuple[int, int], ...],
+                 device: torch.device) -> Tensor:
+    """The row of a concatenation of tables (``2M - 1`` rows each) that each
+    (query, key) pair of each axis reads, flattened: ``[sum L^2]``; for an axis
+    of length ``L`` and a table of ``2M - 1`` rows, ``clip(b - a) + M - 1``
+    plus the rows of the tables before. Computed once per ``axes`` (``(L, M)``
+    pairs) in eager mode (four kernels fewer per call and axis); in a captured
+    graph, where the lengths may be symbolic, computed in the graph."""
     if is_capturing_graph():
-        return _offset_index(length, M, device)
-    key = (length, M, device)
+        return _offset_index(axes, device)
+    key = (axes, device)
     if key not in _OFFSET_INDEX:
         # a tensor autograd may save (index_select's backward)
         with torch.inference_mode(False):
-            _OFFSET_INDEX[key] = _offset_index(length, M, device)
+            _OFFSET_INDEX[key] = _offset_index(axes, device)
     return _OFFSET_INDEX[key]
 
 
-def _offset_index(length: int, M: int, device: torch.device) -> Tensor:
-    pos = torch.arange(length, device=device)
-    # b - a, clipped, as a row
-    return ((pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M -
-            1).flatten()
+def _offset_index(axes, device):
+    rows, index = 0, []
+    for length, M in axes:
+        pos = torch.arange(length, device=device)
+        # b - a, clipped, as a row of this axis' table
+        index.append(((pos[None, :] - pos[:, None]).clamp(1 - M, M - 1) + M -
+                      1 + rows).flatten())
+        rows += 2 * M - 1
+    return index[0] if len(index) == 1 else torch.cat(index)
 
 
-def relative_embeddings(table: Tensor, length: int) -> Tensor:
-    """The table read at every (query, key) pair of an axis at the pair's
-    offset, clipped to the table, in one gather (``index_select``, its gradient
-    one ``index_add_``).
+def relative_embeddings(tables: Sequence[Tensor],
+                        lengths: Sequence[int],
+                        dtype: Optional[torch.dtype] = None) -> List[Tensor]:
+    """Each table read at every (query, key) pair of its axis at the pair's
+    offset, clipped to the table; all tables in one gather (``index_select``
+    of their concatenation, its gradient one ``index_add_``) and one cast.
 
     Args:
-        table (Tensor): ``[2M - 1, d]``.
-        length (int): ``L``.
+        tables (Sequence[Tensor]): ``[2M - 1, d]`` each, of one dtype, the
+            gather's (and its gradient's sum).
+        lengths (Sequence[int]): ``L`` of each table's axis.
+        dtype (torch.dtype, optional): of the results. Defaults to the
+            tables'.
 
     Returns:
-        Tensor: ``[L, L, d]``, ``emb[a, b] = table[clip(b - a) + M - 1]``.
+        list[Tensor]: ``[L, L, d]`` each, ``emb[a, b] = table[clip(b - a) + M -
+        1]``.
     """
-    index = offset_index(length, (table.shape[0] + 1) // 2, table.device)
-    return table.index_select(0, index).view(length, length, -1)
+    axes = tuple((length, (table.shape[0] + 1) // 2)
+                 for table, length in zip(tables, lengths))
+    table = tables[0] if len(tables) == 1 else torch.cat(list(tables))
+    emb = table.index_select(0, offset_index(axes, table.device))
+    emb = emb.to(dtype or emb.dtype).split([L * L for L in lengths])
+    return [e.view(L, L, -1) for e, L in zip(emb, lengths)]
 
 
 def reset_relative_tables(layer: torch.nn.Module, *names: str) -> None:

@@ -97,31 +97,27 @@ def _to_maps(cols: Tensor, like: Tensor) -> Tensor:
     return cols.view(w, B, Nh, -1, H).permute(1, 2, 3, 4, 0)
 
 
-def _columns(q: Tensor, v: Tensor, emb: Tensor) -> Tensor:
-    """Column attention of the columns of ``q`` ``[B, Nh, dkh, H, w]`` and
-    ``v`` ``[B, Nh, dvh, H, w]`` with ``emb`` ``[H (x), H (i), dkh]``, all of
-    one dtype: ``[B, Nh, dvh, H, w]``."""
+def _columns(qc: Tensor, vc: Tensor, emb: Tensor) -> Tensor:
+    """Column attention of columns: queries ``qc`` ``[H (x), G, dkh]``
+    (:func:`_queries_by_row`), values ``vc`` ``[G, dvh, H (i)]``
+    (:func:`_to_columns`) and ``emb`` ``[H (x), H (i), dkh]``, all of one
+    dtype: ``[G, dvh, H (x)]``."""
     # [H (x), G, H (i)]: q[x] . R[i - x]
-    logits = torch.bmm(_queries_by_row(q), emb.transpose(1, 2))
-    # [G, dvh, H (x)]
-    return _to_maps(torch.bmm(_to_columns(v), logits.permute(1, 2, 0)), v)
+    logits = torch.bmm(qc, emb.transpose(1, 2))
+    return torch.bmm(vc, logits.permute(1, 2, 0))
 
 
-def _column_grads(q: Tensor, v: Tensor, emb: Tensor, grad_out: Tensor):
+def _column_grads(qc: Tensor, vc: Tensor, emb: Tensor, grad: Tensor):
     """Gradients of :func:`_columns` (its two GEMMs' four, the logits
-    recomputed): ``dq``, ``dv`` as maps and ``demb`` ``[H (x), H (i), dkh]`` in
-    ``q``'s dtype."""
-    # [H (x), G, dkh], [G, dvh, H (i)]
-    qc, vc = _queries_by_row(q), _to_columns(v)
-    grad = _to_columns(grad_out)  # [G, dvh, H (x)]
+    recomputed) for the gradient ``grad`` ``[G, dvh, H (x)]`` of its output:
+    ``dqc`` ``[H (x), G, dkh]``, ``dvc`` ``[G, dvh, H (i)]`` and ``demb``
+    ``[H (x), H (i), dkh]``, in ``qc``'s dtype."""
     logits = torch.bmm(qc, emb.transpose(1, 2))  # [H (x), G, H (i)]
     # [H (x), G, H (i)]
     grad_logits = torch.bmm(grad.transpose(1, 2), vc).transpose(0, 1)
-    # [G, dvh, H (i)]
-    dv = _to_maps(torch.bmm(grad, logits.transpose(0, 1)), v)
-    # [H (x), G, dkh]
-    dq = _to_maps(torch.bmm(grad_logits, emb).permute(1, 2, 0), q)
-    return dq, dv, torch.bmm(grad_logits.transpose(1, 2), qc)
+    dvc = torch.bmm(grad, logits.transpose(0, 1))
+    dqc = torch.bmm(grad_logits, emb)
+    return dqc, dvc, torch.bmm(grad_logits.transpose(1, 2), qc)
 
 
 class _ChunkedColumns(torch.autograd.Function):
@@ -132,41 +128,51 @@ class _ChunkedColumns(torch.autograd.Function):
     ``H / dkh`` times the layer's maps, are never kept whole), not a
     recomputation of the layer (docs/design.md, "Axial kernel", measures both).
 
-    With several chunks, outputs and gradients are written into whole tensors:
-    no small tensor outlives its chunk, where it would fragment the CPU
-    allocator's heap. One chunk (a GPU's, :mod:`.device_policy`) is returned as
-    it is computed, without those copies.
+    The values are copied once into columns, which the backward keeps in place
+    of the maps they came from (the same size; the qkv conv's output is then
+    kept by nobody), and chunks are views of the columns. With several chunks
+    outputs and gradients are written into whole tensors: no small tensor
+    outlives its chunk, where it would fragment the CPU allocator's heap. One
+    chunk (a GPU's, :mod:`.device_policy`) is returned as it is computed.
     """
 
     @staticmethod
     def forward(ctx, q, v, emb, step):
-        ctx.save_for_backward(q, v, emb)
-        ctx.step = step
-        if step >= q.shape[-1]:
-            return _columns(q, v, emb)
-        out = v.new_empty(v.shape)  # [B, Nh, dvh, H, W]
-        for s in range(0, q.shape[-1], step):
-            out[..., s:s + step] = _columns(q[..., s:s + step],
-                                            v[..., s:s + step], emb)
-        return out
+        # [H (x), G, dkh], [G, dvh, H (i)]; G = (w, B, Nh), a chunk of columns
+        # is a run of G
+        qc, vc = _queries_by_row(q), _to_columns(v)
+        ctx.save_for_backward(q, vc, emb)
+        ctx.rows = rows = step * q.shape[0] * q.shape[1]
+        if rows >= vc.shape[0]:
+            return _to_maps(_columns(qc, vc, emb), v)
+        out = vc.new_empty(vc.shape)  # [G, dvh, H (x)]
+        for s in range(0, vc.shape[0], rows):
+            out[s:s + rows] = _columns(qc[:, s:s + rows], vc[s:s + rows], emb)
+        return _to_maps(out, v)
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, v, emb = ctx.saved_tensors  # [H (x), H (i), dkh] in q's dtype
+        q, vc, emb = ctx.saved_tensors  # emb in q's dtype
+        rows = ctx.rows
         # the forward's dtype
         with torch.autocast(q.device.type, enabled=False):
-            if ctx.step >= q.shape[-1]:
-                return (*_column_grads(q, v, emb, grad_out), None)
-            dq, dv = torch.zeros_like(q), torch.zeros_like(v)
-            demb = torch.zeros_like(
-                emb, dtype=torch.promote_types(emb.dtype, torch.float32))
-            for s in range(0, q.shape[-1], ctx.step):
-                sl = slice(s, s + ctx.step)
-                dq[..., sl], dv[..., sl], demb_chunk = _column_grads(
-                    q[..., sl], v[..., sl], emb, grad_out[..., sl])
-                # the chunks summed in float32, rounded to emb's dtype once
-                demb += demb_chunk
-        return dq, dv, demb.to(emb.dtype), None
+            qc, grad = _queries_by_row(q), _to_columns(grad_out)
+            if rows >= vc.shape[0]:
+                dqc, dvc, demb = _column_grads(qc, vc, emb, grad)
+            else:
+                dqc, dvc = qc.new_empty(qc.shape), vc.new_empty(vc.shape)
+                demb = torch.zeros_like(
+                    emb, dtype=torch.promote_types(emb.dtype, torch.float32))
+                for s in range(0, vc.shape[0], rows):
+                    sl = slice(s, s + rows)
+                    dqc[:, sl], dvc[sl], demb_chunk = _column_grads(
+                        qc[:, sl], vc[sl], emb, grad[sl])
+                    # the chunks summed in float32, rounded to emb's dtype once
+                    demb += demb_chunk
+                demb = demb.to(emb.dtype)
+        # as maps [B, Nh, d, H, w]
+        return (_to_maps(dqc.permute(1, 2, 0), q), _to_maps(dvc,
+                                                            q), demb, None)
 
 
 def column_attention(q: Tensor,
@@ -195,7 +201,7 @@ def column_attention(q: Tensor,
     """
     B, Nh, _, H, W = q.shape
     if is_capturing_graph():
-        return _columns(q, v, emb)
+        return _to_maps(_columns(_queries_by_row(q), _to_columns(v), emb), v)
     chunk_logits = chunk_logits or device_policy(q.device).gsa_chunk_logits
     return _ChunkedColumns.apply(q, v, emb,
                                  max(1, chunk_logits // (B * Nh * H * H)))

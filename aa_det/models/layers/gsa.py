@@ -130,43 +130,49 @@ class _ChunkedColumns(torch.autograd.Function):
 
     The values are copied once into columns, which the backward keeps in place
     of the maps they came from (the same size; the qkv conv's output is then
-    kept by nobody), and chunks are views of the columns. With several chunks
-    outputs and gradients are written into whole tensors: no small tensor
-    outlives its chunk, where it would fragment the CPU allocator's heap. One
-    chunk (a GPU's, :mod:`.device_policy`) is returned as it is computed.
+    kept by nobody). With several chunks, the queries and the incoming
+    gradient are copied per chunk, and outputs and gradients written into
+    whole tensors: no small tensor outlives its chunk, where it would fragment
+    the CPU allocator's heap. One chunk (a GPU's, :mod:`.device_policy`) is
+    returned as it is computed.
     """
 
     @staticmethod
     def forward(ctx, q, v, emb, step):
-        # [H (x), G, dkh], [G, dvh, H (i)]; G = (w, B, Nh), a chunk of columns
-        # is a run of G
-        qc, vc = _queries_by_row(q), _to_columns(v)
+        # [G, dvh, H (i)], G = (w, B, Nh): a chunk of columns is a run of G
+        vc = _to_columns(v)
         ctx.save_for_backward(q, vc, emb)
-        ctx.rows = rows = step * q.shape[0] * q.shape[1]
-        if rows >= vc.shape[0]:
-            return _to_maps(_columns(qc, vc, emb), v)
+        ctx.step = step
+        W, per_column = q.shape[-1], q.shape[0] * q.shape[1]
+        if step >= W:
+            return _to_maps(_columns(_queries_by_row(q), vc, emb), v)
         out = vc.new_empty(vc.shape)  # [G, dvh, H (x)]
-        for s in range(0, vc.shape[0], rows):
-            out[s:s + rows] = _columns(qc[:, s:s + rows], vc[s:s + rows], emb)
+        for s in range(0, W, step):
+            g = slice(s * per_column, (s + step) * per_column)
+            out[g] = _columns(_queries_by_row(q[..., s:s + step]), vc[g], emb)
         return _to_maps(out, v)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, vc, emb = ctx.saved_tensors  # emb in q's dtype
-        rows = ctx.rows
+        step, W, per_column = ctx.step, q.shape[-1], q.shape[0] * q.shape[1]
         # the forward's dtype
         with torch.autocast(q.device.type, enabled=False):
-            qc, grad = _queries_by_row(q), _to_columns(grad_out)
-            if rows >= vc.shape[0]:
-                dqc, dvc, demb = _column_grads(qc, vc, emb, grad)
+            if step >= W:
+                dqc, dvc, demb = _column_grads(
+                    _queries_by_row(q), vc, emb, _to_columns(grad_out))
             else:
-                dqc, dvc = qc.new_empty(qc.shape), vc.new_empty(vc.shape)
+                # [H (x), G, dkh], [G, dvh, H (i)]
+                dqc = q.new_empty(q.shape[3], vc.shape[0], q.shape[2])
+                dvc = vc.new_empty(vc.shape)
                 demb = torch.zeros_like(
                     emb, dtype=torch.promote_types(emb.dtype, torch.float32))
-                for s in range(0, vc.shape[0], rows):
-                    sl = slice(s, s + rows)
-                    dqc[:, sl], dvc[sl], demb_chunk = _column_grads(
-                        qc[:, sl], vc[sl], emb, grad[sl])
+                for s in range(0, W, step):
+                    cols = slice(s, s + step)
+                    g = slice(s * per_column, (s + step) * per_column)
+                    dqc[:, g], dvc[g], demb_chunk = _column_grads(
+                        _queries_by_row(q[..., cols]), vc[g], emb,
+                        _to_columns(grad_out[..., cols]))
                     # the chunks summed in float32, rounded to emb's dtype once
                     demb += demb_chunk
                 demb = demb.to(emb.dtype)
@@ -376,8 +382,10 @@ class GlobalSelfAttention2d(BaseModule):
         # [B, Nh, d, H, W]
         q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
         if 'column' in self.components:
-            # one copy that content and column attention read
-            q = axial_layout(q)
+            # one copy each, in layouts that content and column attention
+            # both read (v's: the columns the column kernel keeps); the qkv
+            # conv's output is then kept by nobody
+            q, v = axial_layout(q), _to_maps(_to_columns(v), v)
         with torch.autocast(x.device.type, enabled=False):
             out = content_attention(q, k,
                                     v) if 'content' in self.components else 0

@@ -614,7 +614,6 @@ def _relative_attention_flex(q: Tensor, k: Tensor, v: Tensor,
     if table_h is not None:
         # [2mh - 1 + 2mw - 1, d]
         tables = torch.cat([table_h, table_w]).to(q.dtype)
-        rel_scale = scale
         # a traced score_mod takes no float that dynamic=True makes symbolic:
         # in a graph the tables carry the factor (fused into their cast)
         if is_capturing_graph():

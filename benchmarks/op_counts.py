@@ -412,11 +412,17 @@ def flex_attention_flops(q_shape, k_shape, v_shape, *args, **kwargs):
 @register_flop_formula(torch.ops.aa_bench.flex_attention_backward)
 def _flex_attention_backward_flops(grad_shape, q_shape, k_shape, v_shape,
                                    *args, **kwargs):
-    """Its backward: SDPA's backward formula on the padded shapes (five GEMMs
-    with the recomputed logits, ~2.5x the forward); the relative logits'
-    gradients (row and column sums of the logits' gradient) count nothing."""
-    return sdpa_backward_flop_count(
-        *_flex_shapes(grad_shape, q_shape, k_shape, v_shape))
+    """Its backward as the Triton kernel runs it, on the padded shapes: two
+    passes over the logits, each recomputing them, the queries' (``q k^T``,
+    ``dO v^T``, ``dS k``) and the keys' (``k q^T``, ``P^T dO``, ``v dO^T``,
+    ``dS^T q``): seven products, SDPA's backward formula (five) plus a
+    forward's worth. The relative logits' gradients (the ``score_mod``'s
+    gathers summed back, no GEMM) count nothing."""
+    grad_shape, q_shape, k_shape, v_shape = _flex_shapes(
+        grad_shape, q_shape, k_shape, v_shape)
+    return sdpa_backward_flop_count(grad_shape, q_shape, k_shape,
+                                    v_shape) + sdpa_flop_count(
+                                        q_shape, k_shape, v_shape)
 
 
 def _counted_flex(q, k, v, rel, rows_h, scale, rel_scale=None):

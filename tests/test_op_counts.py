@@ -88,8 +88,8 @@ def test_flex_stand_in_computes_eq3_with_its_gradients():
 
 def test_flex_flops_count_the_padded_head_dims():
     """FlexAttention's FLOPs on the head dims its Triton kernel computes: d_k
-    20 -> 32, d_v 3 -> 16; the backward recomputes the logits and takes four
-    more products."""
+    20 -> 32, d_v 3 -> 16; the backward's two passes take seven products, the
+    logits recomputed in each."""
     B, Nh, N = 2, 4, 15
     q, v = torch.empty(
         B, Nh, N, 20, device='meta'), torch.empty(
@@ -102,7 +102,7 @@ def test_flex_flops_count_the_padded_head_dims():
         torch.ops.aa_bench.flex_attention_backward](
             v, q, q, v, None, None, 1.0, out_val=(q, q, v))
     assert forward == 2 * B * Nh * N * N * (32 + 16)
-    assert backward == 2 * B * Nh * N * N * (3 * 32 + 2 * 16)
+    assert backward == 2 * B * Nh * N * N * (4 * 32 + 3 * 16)
 
 
 def test_ops_belong_to_the_module_that_runs_them():

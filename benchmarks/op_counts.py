@@ -38,7 +38,8 @@ assignment depends on the data). Per model:
   scalar). Every other op is one or more kernel launches on CUDA; at these
   sizes on an H100 each costs ~10-20 us beyond its arithmetic.
 * ``GFLOP``: ``torch.utils.flop_counter``'s formulas (GEMMs, convolutions,
-  SDPA, the stand-ins' formulas).
+  SDPA, the stand-ins' formulas); those of the attention kernels alone are
+  printed on the layer line (``attention_flops`` in ``--json``).
 * ``non-GEMM GiB``: bytes read + written by the ops that are not GEMMs,
   convolutions or attention (casts, copies, pads, concatenations, norms,
   elementwise): memory traffic.
@@ -140,6 +141,8 @@ GEMM_OPS = ('mm', 'bmm', 'addmm', 'baddbmm', 'convolution',
             'convolution_backward', 'mkldnn_convolution',
             '_scaled_dot_product', 'matmul', 'linear', 'fused_sdpa',
             'flex_attention')
+#: the attention kernels among them (forward and backward)
+ATTENTION_OPS = ('_scaled_dot_product', 'fused_sdpa', 'flex_attention')
 CAST_OPS = {
     '_to_copy', 'to', '_autocast_to_reduced_precision',
     '_autocast_to_full_precision'
@@ -971,6 +974,8 @@ def measure(name,
     return dict(
         ops=sum(counter.ops.values()),
         flops=sum(counter.flops.values()),
+        attention_flops=sum(n for op, n in counter.flops.items()
+                            if op.startswith(ATTENTION_OPS)),
         bytes=sum(counter.bytes.values()),
         peak=counter.peak,
         kinds={
@@ -990,8 +995,8 @@ def measure(name,
 
 
 def layer_line(r, layer):
-    """One line: ``layer``'s ops forward + backward by kind, and the mean over
-    the attention layers."""
+    """One line: ``layer``'s ops forward + backward by kind, the mean over the
+    attention layers and the attention kernels' FLOPs."""
     one = r['layers'][layer]
     kinds = ', '.join(f'{kind} {one["kinds"][kind]}' for kind in KINDS)
     line = ((
@@ -1003,6 +1008,8 @@ def layer_line(r, layer):
         mean_ops = sum(r['layers'][p]['ops'] for p in paths) / len(paths)
         line += (f'; mean of the {len(paths)} attention layers {mean_ops:.1f} '
                  f'ops')
+    if r['attention_flops']:
+        line += f'; attention kernels {r["attention_flops"] / 1e9:.1f} GFLOP'
     return line
 
 
@@ -1121,8 +1128,8 @@ def main():
                 results.setdefault(label, {}).setdefault(
                     str(batch), {})[name] = dict({
                         key: r[key]
-                        for key in ('ops', 'flops', 'bytes', 'peak', 'kinds',
-                                    'layers')
+                        for key in ('ops', 'flops', 'attention_flops',
+                                    'bytes', 'peak', 'kinds', 'layers')
                     })
                 base = r if name == 'ResNet-50' else base
 

@@ -26,15 +26,18 @@ def test_fake_tensors_count_what_real_tensors_count(name):
     """At 96x64 (W x H; maps of 4x6 and 2x3 in stages 3 and 4: no axis of
     length 1, where meta kernels and the CPU's choose different strides for a
     size-1 dim), bf16, CUDA policy: the same ops, FLOPs, ops by kind and per
-    attention layer on fake as on real tensors (ResNet-50's layers are in
-    both); bytes and peak within 0.1% (the meta kernel's batch-norm statistics
-    are in the input's dtype, the CPU's in float32: one ``[C]`` vector per
-    norm)."""
+    attention layer, and the attention kernels' FLOPs (AA's only), on fake as
+    on real tensors (ResNet-50's layers are in both); bytes and peak within
+    0.1% (the meta kernel's batch-norm statistics are in the input's dtype, the
+    CPU's in float32: one ``[C]`` vector per norm)."""
     fake, real = (
         op_counts.measure(name, (64, 96), 1, dtype=torch.bfloat16, fake=fake)
         for fake in (True, False))
     assert fake['table'] == real['table']
     assert fake['flops'] == real['flops']
+    # AA's attention runs in one kernel per layer; GSA's products are GEMMs
+    assert fake['attention_flops'] == real['attention_flops']
+    assert (fake['attention_flops'] > 0) == name.startswith('AA')
     assert fake['layers'] == real['layers']
     assert {k: v['ops']
             for k, v in fake['kinds'].items()

@@ -6,7 +6,10 @@
 #      GSA-ResNet-50, with torch.profiler's kernels per step and the GPU's busy fraction; after each dtype's,
 #      AA and GSA with the layers of another commit (the folder of benchmarks/prepare_baseline.sh, 123e005 by
 #      default) when that folder exists;
-#   3. the backbone compiled (fullgraph=True, CUDA graphs: mode reduce-overhead), bf16 then fp16: compile time,
+#   3. AA's attention kernels alone (attention_kernels.py): one forward + backward of stage 3 of AA-ResNet-50 at
+#      640x640 batch 8 in bf16 with FlexAttention, with SDPA's fold and materialized, each also without the
+#      relative logits, beside the 3x3 convolution it augments (what the position term and the padding cost);
+#   4. the backbone compiled (fullgraph=True, CUDA graphs: mode reduce-overhead), bf16 then fp16: compile time,
 #      graphs, graph breaks, recompilations, CUDA-graph skips and kernels per step.
 # Every speed run is one step: one model in one setting (a detection_speed.py process per model). A step's
 # estimated cost is the longest finished step of its kind so far, or a fixed guess before one finished; a step
@@ -19,7 +22,7 @@
 #   GPU_CHECK_DEADLINE=420 bash benchmarks/gpu_check.sh OUTDIR  # on the GPU machine, .gpu/ and .baseline/ carried
 #   GPU_CHECK_DEADLINE=120 bash benchmarks/gpu_check.sh OUTDIR  # dry run without CUDA: 128 px, 1 step, bf16,
 #                                                               # compiled with dynamo's eager backend
-# Other settings: GPU_CHECK_PARTS (default "tests eager baseline compiled": e.g. "compiled" alone for a second
+# Other settings: GPU_CHECK_PARTS (default "tests eager baseline kernels compiled": e.g. "compiled" alone for a second
 # call on the still warm machine), GPU_CHECK_MODELS, GPU_CHECK_DTYPES, GPU_CHECK_SIZE, GPU_CHECK_COMPILE_MODE,
 # GPU_CHECK_COMPILE_BACKEND, GPU_CHECK_BASELINE (the folder; default .baseline).
 set -u
@@ -47,17 +50,21 @@ if [ "$DEV" = cuda ]; then
   DEADLINE=${GPU_CHECK_DEADLINE:-420} SIZE=${GPU_CHECK_SIZE:-640} DTYPES=${GPU_CHECK_DTYPES:-float16 bfloat16}
   MODE=${GPU_CHECK_COMPILE_MODE:-reduce-overhead} BACKEND=${GPU_CHECK_COMPILE_BACKEND:-inductor}
   TIMING=(--steps 12 --warmup 3)
+  KERNELS=(--sides 40 --batches 8 --dtype bfloat16 --impls flex flex:none sdpa sdpa:none materialized)
   # by kind of step: its estimate before one of its kind finished, and its time limit, in seconds
-  EST_TESTS=90 LIMIT_TESTS=240 EST_EAGER=30 LIMIT_EAGER=120 EST_COMPILED=150 LIMIT_COMPILED=240
+  EST_TESTS=90 LIMIT_TESTS=240 EST_EAGER=30 LIMIT_EAGER=120 EST_KERNELS=60 LIMIT_KERNELS=150
+  EST_COMPILED=150 LIMIT_COMPILED=240
 else
   DEADLINE=${GPU_CHECK_DEADLINE:-900} SIZE=${GPU_CHECK_SIZE:-128} DTYPES=${GPU_CHECK_DTYPES:-bfloat16}
   MODE=${GPU_CHECK_COMPILE_MODE:-default} BACKEND=${GPU_CHECK_COMPILE_BACKEND:-eager}
   TIMING=(--steps 1 --warmup 0 --infer-size "$SIZE" "$SIZE")
-  EST_TESTS=30 LIMIT_TESTS=300 EST_EAGER=20 LIMIT_EAGER=300 EST_COMPILED=25 LIMIT_COMPILED=600
+  KERNELS=(--sides 16 --batches 1 --dtype float32 --impls blocked blocked:none sdpa sdpa:none materialized)
+  EST_TESTS=30 LIMIT_TESTS=300 EST_EAGER=20 LIMIT_EAGER=300 EST_KERNELS=20 LIMIT_KERNELS=120
+  EST_COMPILED=25 LIMIT_COMPILED=600
 fi
 RESERVE=15  # seconds kept for the summary, the archive and a killed step's exit
 read -r -a MODELS <<< "${GPU_CHECK_MODELS:-ResNet-50 AA-ResNet-50 GSA-ResNet-50}"
-PARTS=" ${GPU_CHECK_PARTS:-tests eager baseline compiled} "
+PARTS=" ${GPU_CHECK_PARTS:-tests eager baseline kernels compiled} "
 read -r -a DTYPES <<< "$DTYPES"
 printf '%s\n' "device=$DEV" "device_name=$NAME" "torch=$TORCH" "commit=$COMMIT" "baseline=$BASE_REV" \
   "deadline_s=$DEADLINE" "size=$SIZE" "compile=$MODE,$BACKEND,fullgraph=True" > "$WORK/device.txt"
@@ -113,6 +120,9 @@ for dtype in "${DTYPES[@]}"; do
     [ "$model" != ResNet-50 ] && speed eager "$dtype" baseline "$model"
   done
 done
+# AA-ResNet-50's stage 3: 8 heads of 20 key and 3 value channels, the 256 -> 256 convolution it augments
+part kernels && step kernels kernels "$EST_KERNELS" "$LIMIT_KERNELS" $PY benchmarks/attention_kernels.py \
+  --device "$DEV" --value-dim 3 --conv 256 "${KERNELS[@]}" --json "$WORK/kernels.json"
 # Compiled last (the longest steps), the last dtype first (bf16: the dtype of the compiled target), the attention
 # models before ResNet-50 (the first model).
 part compiled && for ((i = ${#DTYPES[@]} - 1; i >= 0; i--)); do

@@ -1,8 +1,9 @@
 """The summary of one ``benchmarks/gpu_check.sh`` call: a markdown table of
 every speed step (one model in one setting) under a line for the CUDA tests
-(and one per failed test), from the call's work folder (``device.txt``,
-``steps.tsv``, ``<step>.json`` of ``detection_speed.py``, ``<step>.log``);
-without ``--md`` the markdown goes to stdout.
+(and one per failed test), then the attention kernels' table, from the call's
+work folder (``device.txt``, ``steps.tsv``, ``<step>.json`` of
+``detection_speed.py``, ``kernels.json`` of ``attention_kernels.py``,
+``<step>.log``); without ``--md`` the markdown goes to stdout.
 
     python benchmarks/gpu_check_summary.py WORK --elapsed SECONDS \\
         --md summary.md --json summary.json
@@ -126,6 +127,38 @@ def _tests(work, steps):
         failed=failed)
 
 
+def _kernels(work):
+    """``attention_kernels.py``'s settings and cases, or None (not run)."""
+    path = osp.join(work, 'kernels.json')
+    if not osp.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _kernel_lines(kernels):
+    """The attention kernels' table: each case's ms, GiB and ratio to the
+    first case's time."""
+    s = kernels['settings']
+    lines = [
+        '', f'Attention kernels (attention_kernels.py), forward + backward, '
+        f'{s["dtype"]}, 8 heads, dkh 20, dvh {s["value_dim"]}; conv: '
+        f'{s["conv"]} -> {s["conv"]} 3x3', '',
+        '| map | batch | kernel | ms | GiB | x first | status |',
+        '|---|---|---|---|---|---|---|'
+    ]
+    first = {}
+    for r in kernels['results']:
+        base = first.setdefault((r['side'], r['batch']), r)
+        ratio = (f'{r["time_s"] / base["time_s"]:.2f}'
+                 if r.get('time_s') and base.get('time_s') else '-')
+        lines.append(f'| {r["side"]}x{r["side"]} | {r["batch"]} | '
+                     f'{r["case"]} | {_fmt(r.get("time_s"), ".2f", 1000)} | '
+                     f'{_fmt(r.get("peak_gib"), ".2f")} | {ratio} | '
+                     f'{r["status"].replace("|", "/")} |')
+    return lines
+
+
 def _fmt(value, form, scale=1.0):
     return '-' if value is None else format(value * scale, form)
 
@@ -219,8 +252,16 @@ def summarize(work, elapsed=None):
         if base is not None and base.get('train_s') is None:
             base = None
         lines.append('| ' + ' | '.join(_cells(row, base)) + ' |')
+    kernels = _kernels(work)
+    if kernels:
+        lines += _kernel_lines(kernels)
     summary = dict(
-        device=device, elapsed_s=elapsed, tests=tests, rows=rows, steps=steps)
+        device=device,
+        elapsed_s=elapsed,
+        tests=tests,
+        rows=rows,
+        kernels=kernels,
+        steps=steps)
     return summary, '\n'.join(lines) + '\n'
 
 

@@ -79,14 +79,15 @@ def case_step(side, batch, case, value_dim, conv, device, dtype):
     ] if position != 'none' else [None, None]
 
     def step():
-        q, k, v = (torch.randn(
-            batch,
-            NUM_HEADS,
-            side * side,
-            dim,
-            device=device,
-            dtype=dtype,
-            requires_grad=True) for dim in (KEY_DIM, KEY_DIM, value_dim))
+        q, k, v = (
+            torch.randn(
+                batch,
+                NUM_HEADS,
+                side * side,
+                dim,
+                device=device,
+                dtype=dtype,
+                requires_grad=True) for dim in (KEY_DIM, KEY_DIM, value_dim))
         out = relative_attention(
             q, k, v, *tables, side, side, impl=impl, scale=KEY_DIM**-0.5)
         out.float().square().sum().backward()

@@ -1128,8 +1128,8 @@ def main():
                 results.setdefault(label, {}).setdefault(
                     str(batch), {})[name] = dict({
                         key: r[key]
-                        for key in ('ops', 'flops', 'attention_flops',
-                                    'bytes', 'peak', 'kinds', 'layers')
+                        for key in ('ops', 'flops', 'attention_flops', 'bytes',
+                                    'peak', 'kinds', 'layers')
                     })
                 base = r if name == 'ResNet-50' else base
 

@@ -126,6 +126,18 @@ def run_case(side, batch, case, value_dim, conv, device, dtype, repeats):
     return dict(time_s=min(times), peak_gib=peak)
 
 
+def write_json(args, results):
+    settings = {k: v for k, v in vars(args).items() if k != 'json'}
+    with open(args.json, 'w') as f:
+        json.dump(
+            dict(
+                benchmark='attention_kernels',
+                settings=settings,
+                results=results),
+            f,
+            indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -198,6 +210,8 @@ def main():
                         lines = out.stderr.strip().splitlines() or ['?']
                         row['status'] = f'failed: {lines[-1][:100]}'
                 results.append(row)
+                if args.json:  # after each case: a run cut short keeps them
+                    write_json(args, results)
                 first = row if first is None else first
                 if row['status'] == 'ok':
                     ratio = (f'{row["time_s"] / first["time_s"]:8.2f}'
@@ -210,16 +224,6 @@ def main():
                     f'{side}x{side:<6} {batch:>3} '
                     f'{logits_gib(side, batch):10.2f} | {case:<18} {figures}',
                     flush=True)
-    if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != 'json'}
-        with open(args.json, 'w') as f:
-            json.dump(
-                dict(
-                    benchmark='attention_kernels',
-                    settings=settings,
-                    results=results),
-                f,
-                indent=1)
     # a case that failed is the run's failure (gpu_check reports it)
     sys.exit(any(r['status'].startswith('failed') for r in results))
 

@@ -435,6 +435,13 @@ def _counted_flex(q, k, v, rel, rows_h, scale, rel_scale=None):
     return flex_attention(q, k, v, rel, int(rows_h), float(scale))
 
 
+def flop_formula(func):
+    """The FLOP formula of op overload ``func``, or None: registered under its
+    packet (aten's; the stand-ins' on torch 2.14) or under the overload (the
+    stand-ins' on torch 2.4)."""
+    return flop_registry.get(func._overloadpacket, flop_registry.get(func))
+
+
 # the in-place product (GSA's content gradient) as the out-of-place one
 register_flop_formula(torch.ops.aten.baddbmm_, get_raw=True)(baddbmm_flop)
 
@@ -676,7 +683,7 @@ class OpCounter(TorchDispatchMode):
         size = 0 if kind == 'gemm' else sum(t.numel() * t.element_size()
                                             for t in _tensors((args, kwargs,
                                                                out)))
-        formula = flop_registry.get(func._overloadpacket)
+        formula = flop_formula(func)
         flops = formula(*args, **kwargs, out_val=out) if formula else 0
         self.ops[name] += 1
         self.bytes[name] += size

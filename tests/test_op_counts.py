@@ -99,10 +99,11 @@ def test_flex_flops_count_the_padded_head_dims():
             B, Nh, N, 3, device='meta')
     assert [op_counts.flex_head_dim(d)
             for d in (3, 16, 20, 32, 40)] == [16, 16, 32, 32, 64]
-    forward = op_counts.flop_registry[torch.ops.aa_bench.flex_attention](
-        q, q, v, None, None, 1.0, out_val=v)
-    backward = op_counts.flop_registry[
-        torch.ops.aa_bench.flex_attention_backward](
+    forward = op_counts.flop_formula(
+        torch.ops.aa_bench.flex_attention.default)(
+            q, q, v, None, None, 1.0, out_val=v)
+    backward = op_counts.flop_formula(
+        torch.ops.aa_bench.flex_attention_backward.default)(
             v, q, q, v, None, None, 1.0, out_val=(q, q, v))
     assert forward == 2 * B * Nh * N * N * (32 + 16)
     assert backward == 2 * B * Nh * N * N * (4 * 32 + 3 * 16)

@@ -908,11 +908,12 @@ def measure(name,
             layer='layer3.0.conv2'):
     """One backbone forward + backward (with ``step``: one RetinaNet loss +
     backward) at ``size`` ``(H, W)``; returns a dict: ``ops``, ``flops``,
-    non-GEMM ``bytes``, ``peak`` bytes, ``kinds`` (:meth:`OpCounter.totals` by
-    kind as dicts), ``layers`` (every attention layer's and ``layer``'s ops and
-    FLOPs, forward + backward, by kind), the op tables ``table``,
-    ``bytes_table``, and the bytes saved for the backward by module kind
-    (``saved``, :class:`SavedForBackward`). ``fake``: on fake tensors (not with
+    ``attention_flops`` (the attention kernels'), non-GEMM ``bytes``, ``peak``
+    bytes, ``kinds`` (:meth:`OpCounter.totals` by kind as dicts), ``layers``
+    (every attention layer's and ``layer``'s ops and FLOPs, forward +
+    backward, by kind), the op tables ``table``, ``bytes_table``, and the bytes
+    saved for the backward by module kind (``saved``,
+    :class:`SavedForBackward`). ``fake``: on fake tensors (not with
     ``step``)."""
     import aa_det  # noqa: F401  (registers the backbones)
     assert not (

@@ -128,6 +128,7 @@ def run_case(side, batch, case, value_dim, conv, device, dtype, repeats):
 
 def write_json(args, results):
     settings = {k: v for k, v in vars(args).items() if k != 'json'}
+    settings.update(num_heads=NUM_HEADS, key_dim=KEY_DIM)
     with open(args.json, 'w') as f:
         json.dump(
             dict(

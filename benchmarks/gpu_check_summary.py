@@ -142,7 +142,8 @@ def _kernel_lines(kernels):
     s = kernels['settings']
     lines = [
         '', f'Attention kernels (attention_kernels.py), forward + backward, '
-        f'{s["dtype"]}, 8 heads, dkh 20, dvh {s["value_dim"]}; conv: '
+        f'{s["dtype"]}, {s["num_heads"]} heads, dkh {s["key_dim"]}, dvh '
+        f'{s["value_dim"]}; conv: '
         f'{s["conv"]} -> {s["conv"]} 3x3', '',
         '| map | batch | kernel | ms | GiB | x first | status |',
         '|---|---|---|---|---|---|---|'

@@ -140,11 +140,11 @@ def _kernel_lines(kernels):
     """The attention kernels' table: each case's ms, GiB and ratio to the
     first case's time."""
     s = kernels['settings']
+    conv = f'; conv: {s["conv"]} -> {s["conv"]} 3x3' if s['conv'] else ''
     lines = [
         '', f'Attention kernels (attention_kernels.py), forward + backward, '
         f'{s["dtype"]}, {s["num_heads"]} heads, dkh {s["key_dim"]}, dvh '
-        f'{s["value_dim"]}; conv: '
-        f'{s["conv"]} -> {s["conv"]} 3x3', '',
+        f'{s["value_dim"]}{conv}', '',
         '| map | batch | kernel | ms | GiB | x first | status |',
         '|---|---|---|---|---|---|---|'
     ]
